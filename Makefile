@@ -1,0 +1,33 @@
+# `make demo` and `make test` create .venv on first use, then run.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch==2.13.0 is the CPU build this course is tested with; set TORCH_SPEC="torch" for CUDA.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test test-quick lint slides notebooks clean-venv
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/python -m nanoserve demo
+
+test: $(BIN)/.installed
+	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope tests
+	if ls notebooks/*.ipynb >/dev/null 2>&1; then \
+	  NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope --nbval-lax notebooks; fi
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check nanoserve tests exercises solutions benchmarks scripts
+
+slides: $(BIN)/.installed
+	mkdir -p slides
+	$(BIN)/jupyter nbconvert --to slides --output-dir slides notebooks/*.ipynb
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,14 @@
+"""nanoserve: a compact LLM serving engine and the tools to measure it.
+
+    from nanoserve import LLM, SamplingParams
+    outs = LLM("preset:tiny").generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))
+"""
+
+from nanoserve.config import EngineConfig, ModelConfig
+from nanoserve.engine import LLM, LLMEngine, StepRecord
+from nanoserve.outputs import RequestMetrics, RequestOutput
+from nanoserve.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "SamplingParams", "RequestOutput",
+           "RequestMetrics", "StepRecord"]

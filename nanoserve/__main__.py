@@ -1,0 +1,24 @@
+"""Command line: `python -m nanoserve demo | bench | roofline | grade`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="nanoserve", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", help="stream text from the default model and print latencies")
+    d.add_argument("--model", default=None, help="checkpoint folder or preset:NAME (default: demo model)")
+    d.add_argument("--max-tokens", type=int, default=48)
+    d.add_argument("--device", default=None)
+    args = ap.parse_args(argv)
+    if args.cmd == "demo":
+        from nanoserve.demo import run_demo
+        run_demo(args.model, args.max_tokens, args.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

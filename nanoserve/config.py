@@ -1,0 +1,152 @@
+"""Configuration dataclasses: the model's shape and the engine's knobs.
+
+ModelConfig mirrors the fields of a Hugging Face Llama/Qwen2/Qwen3 `config.json`;
+EngineConfig uses vLLM's names for vLLM's knobs so a student can read vLLM next.
+Validation raises ValueError naming the bad value and the allowed range.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a Llama-family decoder (field names as in HF config.json)."""
+
+    vocab_size: int = 32000
+    hidden_size: int = 768
+    intermediate_size: int = 2048
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    num_key_value_heads: int | None = None  # None: multi-head attention (= num_attention_heads)
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "llama3", "factor": ..., ...} or None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    qk_norm: bool = False  # Qwen3: RMSNorm on each head of q and k
+    architecture: str = "llama"  # llama | qwen2 | qwen3
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        eos = self.eos_token_id
+        if eos is None:
+            return set()
+        return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+    def num_params(self) -> int:
+        """Parameter count (embeddings counted once when tied)."""
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, \
+            self.num_key_value_heads * self.head_dim
+        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.attention_bias else 0)
+        mlp = 3 * h * self.intermediate_size
+        norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_hidden_layers * (attn + mlp + norms) + emb + h
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "ModelConfig":
+        archs = d.get("architectures") or ["LlamaForCausalLM"]
+        arch = SUPPORTED_ARCHITECTURES.get(archs[0])
+        if arch is None:
+            raise ValueError(f"unsupported architecture {archs[0]!r}; nanoserve supports "
+                             f"{sorted(SUPPORTED_ARCHITECTURES)}")
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names and v is not None}
+        kw["architecture"] = arch
+        kw["attention_bias"] = arch == "qwen2" or bool(d.get("attention_bias", False))
+        kw["qk_norm"] = arch == "qwen3"
+        if d.get("rope_scaling") is None and isinstance(d.get("rope_parameters"), dict):
+            # transformers >= 5 stores rope_theta and scaling under rope_parameters
+            rp = dict(d["rope_parameters"])
+            kw["rope_theta"] = rp.pop("rope_theta", kw.get("rope_theta", 10000.0))
+            if rp.get("rope_type", "default") != "default":
+                kw["rope_scaling"] = rp
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, path: str) -> "ModelConfig":
+        with open(path) as f:
+            return cls.from_hf_dict(json.load(f))
+
+
+@dataclass
+class EngineConfig:
+    """The serving engine's knobs (vLLM names where vLLM has the idea)."""
+
+    block_size: int = 16  # tokens per KV-cache block
+    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory / gpu_memory_utilization
+    kv_cache_memory: int | None = None  # bytes for the KV cache; None: CPU 1 GiB, CUDA by utilization
+    gpu_memory_utilization: float = 0.9  # CUDA: fraction of total memory the engine may use
+    max_num_seqs: int = 64  # most requests in the running batch
+    max_num_batched_tokens: int = 512  # token budget of one step
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    enable_chunked_prefill: bool = True
+    max_num_partial_prefills: int = 0  # cap on prompts mid-prefill at once; 0 = no cap
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "continuous"  # "continuous" | "static"
+    priority: str = "decode"  # without chunking: "decode" (running first) | "prefill" (admit first)
+    record_trace: bool = True  # keep a per-step trace on the engine
+    cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    enforce_eager: bool = False  # CUDA: skip CUDA-graph capture
+    compile: bool = False  # wrap the model in torch.compile
+
+    def __post_init__(self):
+        def check(name, ok, allowed):
+            if not ok:
+                raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r} is invalid; "
+                                 f"allowed: {allowed}")
+        check("block_size", self.block_size >= 1, "an integer >= 1")
+        check("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+              "None or an integer >= 1")
+        check("kv_cache_memory", self.kv_cache_memory is None or self.kv_cache_memory > 0,
+              "None or a positive number of bytes")
+        check("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "(0, 1]")
+        check("max_num_seqs", self.max_num_seqs >= 1, "an integer >= 1")
+        check("max_num_batched_tokens", self.max_num_batched_tokens >= 1, "an integer >= 1")
+        check("max_model_len", self.max_model_len is None or self.max_model_len >= 1,
+              "None or an integer >= 1")
+        check("max_num_partial_prefills", self.max_num_partial_prefills >= 0,
+              "0 (no cap) or an integer >= 1")
+        check("scheduling_policy", self.scheduling_policy in ("continuous", "static"),
+              "'continuous' or 'static'")
+        check("priority", self.priority in ("decode", "prefill"), "'decode' or 'prefill'")
+
+
+def default_device() -> str:
+    """'cuda' when a GPU is visible (and not hidden by NANOSERVE_DEVICE), else 'cpu'."""
+    env = os.environ.get("NANOSERVE_DEVICE")
+    if env:
+        return env
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,127 @@
+"""Plain PyTorch reference kernels: the specification the Triton kernels must match.
+
+They run on any device and are the default on CPU. Vectorised over tokens: the only
+Python loop is over prefill sequences in `paged_attention` (one SDPA call each);
+decode tokens of all sequences are handled in one batched gather.
+
+Cache layout (per layer): k_cache, v_cache of shape (num_blocks, block_size, num_kv_heads, head_dim).
+A token's slot is block_id * block_size + offset; slot -1 marks padding (not written).
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None):
+    """RMSNorm over the last dim, optionally fused with the residual add.
+
+    x: (..., hidden); weight: (hidden,). With `residual`, computes h = x + residual and
+    returns (rms_norm(h), h), as the decoder layer needs both.
+    """
+    if residual is not None:
+        x = x + residual
+        residual = x
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = h.to(x.dtype) * weight
+    return out if residual is None else (out, residual)
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     cos_sin_cache: torch.Tensor):
+    """Rotate q and k by their positions (neox/Llama layout: halves, not interleaved).
+
+    positions: (T,) int; q: (T, num_heads, head_dim); k: (T, num_kv_heads, head_dim);
+    cos_sin_cache: (max_pos, head_dim) fp32, [cos | sin] of the rotary frequencies.
+    Returns new (q, k) in the input dtype.
+    """
+    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # (T, 1, head_dim/2)
+
+    def rotate(x):
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write this step's K/V into the paged cache (vLLM's name for this op).
+
+    k, v: (T, num_kv_heads, head_dim); slot_mapping: (T,) int64, -1 = skip.
+    """
+    num_blocks, block_size = k_cache.shape[:2]
+    flat_k = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
+    flat_v = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    flat_k.index_copy_(0, slot_mapping, k.to(flat_k.dtype))
+    flat_v.index_copy_(0, slot_mapping, v.to(flat_v.dtype))
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """A sequence's first `length` cached tokens: (length, num_kv_heads, head_dim)."""
+    block_size = cache.shape[1]
+    nb = (length + block_size - 1) // block_size
+    return cache[block_table[:nb].long()].flatten(0, 1)[:length]
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                    seq_lens: torch.Tensor, scale: float,
+                    query_start_loc_cpu: list[int] | None = None,
+                    seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
+    """Attention of a flattened mixed batch over the paged cache (this step's K/V already written).
+
+    q: (T, num_heads, head_dim), the tokens of B sequences concatenated;
+    query_start_loc: (B+1,) offsets of each sequence's tokens in q;
+    seq_lens: (B,) context length of each sequence *including* this step's tokens;
+    block_tables: (B, max_blocks) int32, padded with any valid id.
+    Query token j of sequence b sits at position seq_lens[b] - q_len[b] + j and attends
+    causally to cached positions <= its own. GQA: head h reads kv head h // (num_heads/num_kv_heads).
+    The *_cpu lists are the same offsets as Python ints (the runner has them; saves syncs).
+    Returns (T, num_heads, head_dim).
+    """
+    qsl = query_start_loc_cpu if query_start_loc_cpu is not None else query_start_loc.tolist()
+    lens = seq_lens_cpu if seq_lens_cpu is not None else seq_lens.tolist()
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    q_lens = [qsl[i + 1] - qsl[i] for i in range(len(lens))]
+    decode = [i for i, n in enumerate(q_lens) if n == 1]
+    if decode:  # all single-token queries at once: pad contexts to the longest
+        idx = torch.tensor(decode, device=q.device)
+        d_lens = seq_lens[idx]  # (D,)
+        max_len = max(lens[i] for i in decode)
+        block_size = k_cache.shape[1]
+        nb = (max_len + block_size - 1) // block_size
+        tables = block_tables[idx, :nb].long()  # (D, nb)
+        k = k_cache[tables].flatten(1, 2)[:, :max_len]  # (D, L, num_kv_heads, head_dim)
+        v = v_cache[tables].flatten(1, 2)[:, :max_len]
+        rows = query_start_loc[idx].long()
+        qd = q[rows].view(len(decode), num_kv_heads, group, head_dim)  # (D, kvh, g, hd)
+        scores = torch.einsum("bhgd,blhd->bhgl", qd.float(), k.float()) * scale
+        pad = torch.arange(max_len, device=q.device)[None, :] >= d_lens[:, None]  # (D, L)
+        scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+        probs = scores.softmax(-1)
+        o = torch.einsum("bhgl,blhd->bhgd", probs, v.float())  # (D, kvh, g, hd)
+        out[rows] = o.reshape(len(decode), num_heads, head_dim).to(q.dtype)
+    for i, n in enumerate(q_lens):
+        if n <= 1:
+            continue
+        s, L = qsl[i], lens[i]
+        k = gather_kv(k_cache, block_tables[i], L).transpose(0, 1)  # (kvh, L, hd)
+        v = gather_kv(v_cache, block_tables[i], L).transpose(0, 1)
+        qs = q[s:s + n].transpose(0, 1)  # (num_heads, n, hd)
+        if group > 1:
+            k = k.repeat_interleave(group, dim=0)
+            v = v.repeat_interleave(group, dim=0)
+        # query j (position L-n+j) sees keys 0..L-n+j: a causal mask offset by the cached prefix
+        mask = torch.ones(n, L, dtype=torch.bool, device=q.device).tril(L - n)
+        o = F.scaled_dot_product_attention(qs, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+                                           scale=scale)
+        out[s:s + n] = o.transpose(0, 1)
+    return out

@@ -1,0 +1,171 @@
+"""A Llama-family decoder over a flattened token batch and a paged KV cache.
+
+Covers Llama 2/3 (RoPE with Llama-3 scaling, GQA, SwiGLU, tied or untied embeddings),
+Qwen2 (bias on q/k/v) and Qwen3 (RMSNorm on each q/k head). Parameter names follow HF
+except that q/k/v and gate/up are fused into `qkv_proj` and `gate_up_proj` (as vLLM
+does): one matmul instead of three reads the activations once and launches fewer ops.
+
+The forward pass takes all scheduled tokens of all requests as one batch of shape
+(num_tokens,), with per-token positions and an AttentionMetadata saying where each
+request's tokens start and which cache blocks hold its context. Left out: sliding
+window attention, MoE, tensor parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from nanoserve.config import ModelConfig
+from nanoserve.kernels import get_ops
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each request's tokens sit in the flattened batch and its KV in the cache."""
+
+    slot_mapping: torch.Tensor  # (num_tokens,) int64 cache slot of each new token
+    block_tables: torch.Tensor  # (num_seqs, max_blocks) int32
+    query_start_loc: torch.Tensor  # (num_seqs + 1,) int32 offsets into the token batch
+    seq_lens: torch.Tensor  # (num_seqs,) int32 context length incl. this step's tokens
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Rotary frequencies (head_dim/2,), with Llama-3 or linear scaling when configured."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    rs = cfg.rope_scaling
+    if not rs:
+        return inv_freq
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "linear":
+        return inv_freq / rs["factor"]
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
+    # Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a smooth ramp between.
+    factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old_len = rs["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    ramp = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen <= old_len / lo) & (wavelen >= old_len / hi)
+    return torch.where(medium, ramp, scaled)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops):
+        super().__init__()
+        self.ops = ops
+        self.num_heads, self.num_kv_heads, self.head_dim = \
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.eps = cfg.rms_norm_eps
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(self.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(self.head_dim))
+
+    def forward(self, positions, x, kv_cache, attn: AttentionMetadata, cos_sin):
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)  # (T, num_heads, head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)  # (T, num_kv_heads, head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q = self.ops.rms_norm(q, self.q_norm, self.eps)
+            k = self.ops.rms_norm(k, self.k_norm, self.eps)
+        q, k = self.ops.rotary_embedding(positions, q, k, cos_sin)
+        k_cache, v_cache = kv_cache
+        self.ops.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+        o = self.ops.paged_attention(q, k_cache, v_cache, attn.block_tables, attn.query_start_loc,
+                                     attn.seq_lens, self.scale, attn.query_start_loc_cpu,
+                                     attn.seq_lens_cpu)  # (T, num_heads, head_dim)
+        return self.o_proj(o.reshape(T, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, intermediate) each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops):
+        super().__init__()
+        self.ops, self.eps = ops, cfg.rms_norm_eps
+        self.self_attn = Attention(cfg, ops)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
+
+    def forward(self, positions, x, residual, kv_cache, attn, cos_sin):
+        # the residual stream is carried separately so each norm fuses the add before it
+        if residual is None:
+            residual, x = x, self.ops.rms_norm(x, self.input_layernorm, self.eps)
+        else:
+            x, residual = self.ops.rms_norm(x, self.input_layernorm, self.eps, residual)
+        x = self.self_attn(positions, x, kv_cache, attn, cos_sin)
+        x, residual = self.ops.rms_norm(x, self.post_attention_layernorm, self.eps, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama/Qwen2/Qwen3 causal LM. forward() -> hidden states; compute_logits() -> logits."""
+
+    def __init__(self, cfg: ModelConfig, device="cpu"):
+        super().__init__()
+        self.cfg = cfg
+        self.ops = get_ops(device)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self.ops) for _ in range(cfg.num_hidden_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(pos, rope_inv_freq(cfg))  # (max_pos, head_dim/2)
+        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), -1),
+                             persistent=False)  # (max_pos, head_dim), kept fp32
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head
+
+    def forward(self, input_ids, positions, kv_caches, attn: AttentionMetadata):
+        """input_ids, positions: (T,); kv_caches: per layer (k_cache, v_cache). -> (T, hidden)."""
+        x = self.embed_tokens(input_ids)  # (T, hidden)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x, residual = layer(positions, x, residual, kv_cache, attn, self.cos_sin_cache)
+        x, _ = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (N, hidden) -> (N, vocab) in fp32."""
+        return F.linear(hidden, self.lm_head_weight()).float()
+
+    def init_random_weights(self, seed: int = 0, std: float = 0.02):
+        """Random weights of the right shape (timing depends on shapes, not values)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm") or "layernorm" in name or name.endswith("_norm"):
+                    p.fill_(1.0)
+                elif name.endswith("bias"):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * std)

@@ -1,0 +1,178 @@
+"""Build a model from a name: a local HF checkpoint folder, a hub id, or `preset:NAME`.
+
+HF checkpoints keep q/k/v and gate/up as separate tensors; our model fuses them, so
+loading concatenates (and saving splits, so random presets can be handed to HF
+transformers or vLLM with identical weights). Sharded checkpoints work: every
+*.safetensors file in the folder is read.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from nanoserve.config import ModelConfig
+from nanoserve.model.llama import LlamaForCausalLM
+from nanoserve.model.presets import preset_config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEMO_MODEL_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "demo-model")
+
+# HF name (inside a layer) -> (our name, position in the fused tensor, parts in it)
+_FUSED = {"self_attn.q_proj": ("self_attn.qkv_proj", 0, 3), "self_attn.k_proj": ("self_attn.qkv_proj", 1, 3),
+          "self_attn.v_proj": ("self_attn.qkv_proj", 2, 3), "mlp.gate_proj": ("mlp.gate_up_proj", 0, 2),
+          "mlp.up_proj": ("mlp.gate_up_proj", 1, 2)}
+_RENAMED = {"input_layernorm.weight": "input_layernorm",
+            "post_attention_layernorm.weight": "post_attention_layernorm",
+            "self_attn.q_norm.weight": "self_attn.q_norm", "self_attn.k_norm.weight": "self_attn.k_norm"}
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; choose one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def resolve_model_path(model: str) -> str:
+    """A local folder as is; otherwise a hub id downloaded with huggingface_hub (online only)."""
+    if os.path.isdir(model):
+        if not os.path.isfile(os.path.join(model, "config.json")):
+            raise FileNotFoundError(f"model folder {model!r} has no config.json")
+        return model
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", model) and not os.path.exists(os.path.dirname(model) or "."):
+        try:
+            from huggingface_hub import snapshot_download
+        except ImportError as e:
+            raise FileNotFoundError(f"model {model!r} is not a local folder and huggingface_hub "
+                                    "is not installed to download it") from e
+        return snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "tokenizer*"])
+    raise FileNotFoundError(f"model {model!r}: no such checkpoint folder (expected config.json + "
+                            "*.safetensors), and not a preset ('preset:NAME') or hub id ('org/name')")
+
+
+def _hf_to_ours(name: str):
+    """Map an HF tensor name to (our name, fused index, parts) or None to skip."""
+    if name == "model.embed_tokens.weight":
+        return "embed_tokens.weight", 0, 1
+    if name == "model.norm.weight":
+        return "norm", 0, 1
+    if name == "lm_head.weight":
+        return "lm_head", 0, 1
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    if not m:
+        return None
+    i, mod, kind = m.groups()
+    if mod in _FUSED:
+        ours, idx, parts = _FUSED[mod]
+        return f"layers.{i}.{ours}.{kind}", idx, parts
+    key = f"{mod}.{kind}"
+    return f"layers.{i}.{_RENAMED.get(key, key)}", 0, 1
+
+
+def load_weights(model: LlamaForCausalLM, folder: str) -> None:
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {folder!r}")
+    params = dict(model.named_parameters())
+    pending: dict[str, list] = {}
+    loaded = set()
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                target = _hf_to_ours(name)
+                if target is None or target[0] not in params:
+                    continue  # e.g. lm_head.weight of a tied model, rotary inv_freq buffers
+                ours, idx, parts = target
+                pending.setdefault(ours, [None] * parts)[idx] = f.get_tensor(name)
+    with torch.no_grad():
+        for ours, pieces in pending.items():
+            if any(p is None for p in pieces):
+                raise ValueError(f"checkpoint {folder!r} is missing part of {ours}")
+            t = torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
+            if t.shape != params[ours].shape:
+                raise ValueError(f"{ours}: checkpoint shape {tuple(t.shape)} != model "
+                                 f"{tuple(params[ours].shape)}")
+            params[ours].copy_(t)
+            loaded.add(ours)
+    missing = set(params) - loaded
+    if missing:
+        raise ValueError(f"checkpoint {folder!r} lacks weights for {sorted(missing)[:5]}")
+
+
+def load_model(model: str, device="cpu", dtype="float32", seed: int = 0):
+    """-> (LlamaForCausalLM in eval mode on device, ModelConfig, checkpoint folder or None)."""
+    torch_dtype = resolve_dtype(dtype)
+    if model.startswith("preset:"):
+        cfg, folder = preset_config(model.split(":", 1)[1]), None
+    else:
+        folder = resolve_model_path(model)
+        cfg = ModelConfig.from_json(os.path.join(folder, "config.json"))
+    net = LlamaForCausalLM(cfg, device)
+    if folder is None:
+        net.init_random_weights(seed)
+    else:
+        load_weights(net, folder)
+    net = net.to(device=device, dtype=torch_dtype).eval()
+    net.cos_sin_cache = net.cos_sin_cache.float()  # rotary tables stay fp32 whatever the dtype
+    return net, cfg, folder
+
+
+def hf_config_dict(cfg: ModelConfig) -> dict:
+    """config.json for HF transformers describing the same shape."""
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    d = {k: getattr(cfg, k) for k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
+        "max_position_embeddings", "tie_word_embeddings", "bos_token_id", "eos_token_id")}
+    d.update(architectures=[arch[cfg.architecture]], model_type=cfg.architecture,
+             hidden_act="silu", torch_dtype="float32")
+    if cfg.architecture == "llama":
+        d["attention_bias"] = cfg.attention_bias
+    return d
+
+
+def save_hf_checkpoint(model: LlamaForCausalLM, folder: str) -> None:
+    """Write config.json + model.safetensors in HF layout (fused tensors split back)."""
+    os.makedirs(folder, exist_ok=True)
+    out = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        if name == "cos_sin_cache":
+            continue
+        m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
+        if name == "embed_tokens.weight":
+            out["model.embed_tokens.weight"] = t
+        elif name == "norm":
+            out["model.norm.weight"] = t
+        elif name == "lm_head":
+            out["lm_head.weight"] = t
+        elif m:
+            i, rest = m.groups()
+            fused = [(hf, idx, parts) for hf, (ours, idx, parts) in _FUSED.items()
+                     if rest.startswith(ours + ".")]
+            if fused:
+                kind = rest.rsplit(".", 1)[1]
+                sizes = _fused_sizes(model.cfg, fused[0][2])
+                for hf, idx, _ in fused:
+                    out[f"model.layers.{i}.{hf}.{kind}"] = t.split(sizes, 0)[idx].contiguous()
+            else:
+                inv = {v: k for k, v in _RENAMED.items()}
+                out[f"model.layers.{i}.{inv.get(rest, rest)}"] = t
+    save_file(out, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf_config_dict(model.cfg), f, indent=2)
+
+
+def _fused_sizes(cfg: ModelConfig, parts: int) -> list[int]:
+    if parts == 3:
+        kv = cfg.num_key_value_heads * cfg.head_dim
+        return [cfg.num_attention_heads * cfg.head_dim, kv, kv]
+    return [cfg.intermediate_size, cfg.intermediate_size]

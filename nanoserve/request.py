@@ -1,0 +1,80 @@
+"""A request's life inside the engine: its tokens, progress, blocks and timestamps."""
+
+from __future__ import annotations
+
+import enum
+
+from nanoserve.outputs import RequestMetrics, RequestOutput
+from nanoserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # not yet admitted (or not yet arrived)
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # blocks taken back; waits to be recomputed
+    FINISHED = "finished"
+
+
+class Request:
+    """Mutable engine-side state; the scheduler and KV cache manager read and advance it."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 arrival_time: float, max_len: int, eos_token_ids=frozenset()):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.status = RequestStatus.WAITING
+        self.max_len = max_len  # prompt + output never exceeds this (max_model_len)
+        self.eos_token_ids = eos_token_ids
+        # tokens whose KV is in the cache; the next step computes from here
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prefix-cache hits at first admission (-1: not yet admitted)
+        self.block_hashes: list = []  # chained hashes of this request's full blocks
+        self.finish_reason: str | None = None
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.num_preemptions = 0
+        self.emitted = 0  # output tokens already reported (for streaming deltas)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Still computing tokens it already knows (the prompt, or everything after a preemption)."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    def append_token(self, token_id: int, now: float) -> None:
+        self.output_token_ids.append(token_id)
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
+        self.metrics.token_times.append(now)
+        p = self.params
+        if token_id in p.stop_token_ids:
+            self.finish_reason = "stop"
+        elif not p.ignore_eos and token_id in self.eos_token_ids:
+            self.finish_reason = "eos"
+        elif len(self.output_token_ids) >= p.max_tokens or self.num_tokens >= self.max_len:
+            self.finish_reason = "length"
+
+    def to_output(self, text: str | None = None) -> RequestOutput:
+        new = self.output_token_ids[self.emitted:]
+        self.emitted = len(self.output_token_ids)
+        return RequestOutput(
+            request_id=self.request_id, prompt_token_ids=self.prompt_token_ids,
+            token_ids=list(self.output_token_ids), finished=self.is_finished,
+            finish_reason=self.finish_reason, metrics=self.metrics,
+            num_cached_tokens=max(self.num_cached_tokens, 0), text=text, new_token_ids=new)

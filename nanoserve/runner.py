@@ -1,0 +1,97 @@
+"""The model runner: turns a SchedulerOutput into tensors, runs the model, samples.
+
+All scheduled tokens of all requests form one flattened batch (num_tokens,); per request
+we pass where its tokens start (query_start_loc), how long its context is (seq_lens) and
+its block table, and per token the cache slot its new K/V goes to (slot_mapping).
+Only rows whose chunk reaches the end of the known tokens get logits and a sample.
+On CUDA, decode-only steps replay CUDA graphs (see cuda_graphs.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from nanoserve.config import EngineConfig, ModelConfig
+from nanoserve.kv_cache import allocate_kv_cache, kv_bytes_per_block
+from nanoserve.model.llama import AttentionMetadata
+from nanoserve.sampler import Sampler
+from nanoserve.scheduler import SchedulerOutput, ScheduledSeq
+
+CPU_KV_CACHE_BYTES = 512 * 2**20  # default KV budget on CPU: plenty for the course's workloads
+
+
+def num_kv_blocks_for(ecfg: EngineConfig, mcfg: ModelConfig, dtype, device, max_model_len: int) -> int:
+    """Blocks from num_kv_blocks, or a byte budget (CPU: capped by what max_num_seqs could use;
+    CUDA: gpu_memory_utilization of total memory minus what is already in use)."""
+    if ecfg.num_kv_blocks is not None:
+        return ecfg.num_kv_blocks
+    per_block = kv_bytes_per_block(mcfg, ecfg.block_size, dtype)
+    budget = ecfg.kv_cache_memory
+    if budget is None and str(device).startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        activations = 2**30  # headroom for a step's activations and CUDA graphs
+        budget = int(total * ecfg.gpu_memory_utilization) - (total - free) - activations
+    elif budget is None:
+        most_needed = ecfg.max_num_seqs * (max_model_len + ecfg.block_size) * per_block // ecfg.block_size
+        budget = min(CPU_KV_CACHE_BYTES, most_needed)
+    blocks = int(budget // per_block)
+    if blocks < 1:
+        raise ValueError(f"KV cache budget of {budget} bytes holds no block of {per_block} bytes; "
+                         "raise kv_cache_memory / gpu_memory_utilization or set num_kv_blocks")
+    return blocks
+
+
+class ModelRunner:
+    def __init__(self, model, mcfg: ModelConfig, ecfg: EngineConfig, device, dtype,
+                 num_blocks: int, seed: int = 0):
+        self.model, self.mcfg, self.ecfg = model, mcfg, ecfg
+        self.device, self.dtype = torch.device(device), dtype
+        self.block_size = ecfg.block_size
+        self.kv_caches = allocate_kv_cache(mcfg, num_blocks, ecfg.block_size, dtype, device)
+        self.sampler = Sampler(device, seed)
+        self.graphs = None
+        if self.device.type == "cuda" and not ecfg.enforce_eager:
+            from nanoserve.cuda_graphs import CudaGraphRunner
+            self.graphs = CudaGraphRunner(self, ecfg.cuda_graph_batch_sizes)
+
+    def prepare(self, seqs: list[ScheduledSeq]):
+        """-> input_ids (T,), positions (T,), AttentionMetadata, logits_indices (S,)."""
+        dev, bs = self.device, self.block_size
+        lens = [len(s.token_ids) for s in seqs]
+        qsl = [0, *itertools.accumulate(lens)]
+        seq_lens = [s.start + n for s, n in zip(seqs, lens)]
+        input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)),
+                                 dtype=torch.long)
+        lens_t = torch.tensor(lens)
+        seq_idx = torch.repeat_interleave(torch.arange(len(seqs)), lens_t)  # (T,) owner of each token
+        starts = torch.tensor([s.start for s in seqs])
+        positions = torch.arange(qsl[-1]) - torch.tensor(qsl[:-1])[seq_idx] + starts[seq_idx]  # (T,)
+        width = max(len(s.block_ids) for s in seqs)
+        block_tables = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs],
+                                    dtype=torch.int32)  # (B, max_blocks)
+        slots = block_tables[seq_idx, positions // bs].long() * bs + positions % bs  # (T,)
+        attn = AttentionMetadata(
+            slot_mapping=slots.to(dev), block_tables=block_tables.to(dev),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32).to(dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev),
+            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+        logits_indices = [qsl[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
+        return input_ids.to(dev), positions.to(dev), attn, logits_indices
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+        """Run one step. -> {request_id: sampled token} for requests that reached a new token."""
+        seqs = out.seqs
+        input_ids, positions, attn, logits_indices = self.prepare(seqs)
+        if self.graphs is not None and self.graphs.can_run(seqs):
+            hidden = self.graphs.run(input_ids, positions, attn)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, attn)  # (T, hidden)
+        if not logits_indices:
+            return {}
+        logits = self.model.compute_logits(hidden[logits_indices])  # (S, vocab)
+        sampling = [s for s in seqs if s.sample]
+        ids = [s.request_id for s in sampling]
+        return dict(zip(ids, self.sampler(logits, [s.params for s in sampling], ids)))

