@@ -74,7 +74,7 @@ def _paged_attention_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc + tl.dot(p, v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     out = acc / l_i[:, None]

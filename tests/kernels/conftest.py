@@ -1,11 +1,11 @@
 """Fixtures for the kernel tests: Triton runs natively on a GPU, under its interpreter elsewhere.
 
-TRITON_INTERPRET is read when @triton.jit decorates a kernel, so it is set here at import time,
-before any test of this directory imports the Triton modules. If another test in the same process
-imported them first without it, the `triton_ops` fixture re-imports them.
+The interpreter must be chosen before `import triton` (triton.language's own helpers are decorated
+then), so TRITON_INTERPRET is set here at import time, which in a normal pytest run comes before
+anything imports triton. If something imported triton earlier in this process, the in-process
+tests skip and `test_kernels_in_a_fresh_process` reruns this directory in a subprocess.
 """
 
-import importlib
 import os
 
 import pytest
@@ -20,15 +20,23 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(scope="session")
-def triton_ops(device):
+def interpreter_ready() -> bool:
+    """Whether this process's triton runs kernels on CPU, i.e. was imported with TRITON_INTERPRET=1."""
+    import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(tl.sum, InterpretedFunction)
 
-    from nanoserve.kernels import triton_attention, triton_ops
-    kernels = (triton_ops._rms_norm_kernel, triton_attention._paged_attention_kernel)
-    if device == "cpu" and not all(isinstance(k, InterpretedFunction) for k in kernels):
-        importlib.reload(triton_attention)  # decorate the kernels again, now for the interpreter
-        importlib.reload(triton_ops)
+
+@pytest.fixture(scope="session")
+def in_process(device) -> bool:
+    return device == "cuda" or interpreter_ready()
+
+
+@pytest.fixture(scope="session")
+def triton_ops(in_process):
+    if not in_process:
+        pytest.skip("triton was imported before TRITON_INTERPRET was set; see the fresh-process test")
+    from nanoserve.kernels import triton_ops
     return triton_ops
 
 

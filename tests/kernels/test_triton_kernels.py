@@ -7,6 +7,10 @@ kernel forgets to write fails the comparison. The interpreter rounds fp32 -> bf1
 """
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -224,3 +228,15 @@ def test_cases_catch_plausible_bugs(device, bug):
     args = (q, k_cache, v_cache, block_tables, seqs, 0.25)
     torch.testing.assert_close(loop_attention(*args), want, **TOL[torch.float32])
     assert not torch.allclose(loop_attention(*args, **bug), want, atol=1e-3)
+
+
+def test_kernels_in_a_fresh_process(in_process):
+    """Only when triton was imported in this process before the interpreter could be chosen."""
+    if in_process:
+        pytest.skip("the kernels ran in this process")
+    assert "NANOSERVE_KERNEL_TESTS_CHILD" not in os.environ, "no interpreter even in a fresh process"
+    env = dict(os.environ, TRITON_INTERPRET="1", NANOSERVE_KERNEL_TESTS_CHILD="1")
+    here = Path(__file__).parent
+    run = subprocess.run([sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider"],
+                         cwd=here.parent.parent, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
