@@ -47,6 +47,8 @@ class ModelRunner:
     def __init__(self, model, mcfg: ModelConfig, ecfg: EngineConfig, device, dtype,
                  num_blocks: int, seed: int = 0):
         self.model, self.mcfg, self.ecfg = model, mcfg, ecfg
+        # optional torch.compile: fuses the elementwise ops around the matmuls
+        self.forward = torch.compile(model, dynamic=True) if ecfg.compile else model
         self.device, self.dtype = torch.device(device), dtype
         self.block_size = ecfg.block_size
         self.kv_caches = allocate_kv_cache(mcfg, num_blocks, ecfg.block_size, dtype, device)
@@ -88,7 +90,7 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(seqs):
             hidden = self.graphs.run(input_ids, positions, attn)
         else:
-            hidden = self.model(input_ids, positions, self.kv_caches, attn)  # (T, hidden)
+            hidden = self.forward(input_ids, positions, self.kv_caches, attn)  # (T, hidden)
         if not logits_indices:
             return {}
         logits = self.model.compute_logits(hidden[logits_indices])  # (S, vocab)

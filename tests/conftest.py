@@ -1,11 +1,19 @@
 """Shared fixtures: tiny HF checkpoints (random weights saved with transformers) as oracles."""
 
 import os
+import shutil
 
-import pytest
-import torch
-
+# Before anything imports triton: without a GPU its kernels only run in the interpreter.
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("NANOSERVE_QUICK", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two workers on two cores: more OpenMP threads than cores makes small ops many times slower
+    torch.set_num_threads(1)
 
 ARCHS = {
     "llama": dict(cls="LlamaForCausalLM", cfg="LlamaConfig", extra=dict(tie_word_embeddings=False)),

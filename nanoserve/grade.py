@@ -1,0 +1,227 @@
+"""Grade the course exercises, and plug a student's kernels into a running engine.
+
+`python -m nanoserve grade [ex02 ex05 ...]` runs the graded tests (tests/exercises/test_exNN_*.py)
+against `exercises/` in a pytest subprocess and prints a score per exercise and per task, with
+the first line of each failing check's message. `--impl solutions` grades the reference answers.
+
+Plug points (the engine never imports course material; students' pieces are passed in):
+- a scheduler class: `LLM(model, scheduler=MyScheduler)` (LLMEngine's `scheduler_cls`);
+- kernels: `use_kernels(llm, paged_attention=my_attention)` swaps functions of the model's
+  kernel namespace (rms_norm, rotary_embedding, reshape_and_cache, paged_attention; same
+  signatures as nanoserve.kernels.reference). Call it before the first step (CUDA graphs
+  captured earlier would keep the old kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+KERNEL_NAMES = ("rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention")
+GRADED_FILE = re.compile(r"^test_(ex\d\d)_\w+\.py$")
+
+
+# --- plugging kernels -----------------------------------------------------------------
+
+def kernel_ops(base=None, **overrides) -> SimpleNamespace:
+    """A kernel namespace: `base`'s four kernels (default: the torch reference) with some replaced.
+
+    kernel_ops(paged_attention=f).paged_attention is f; the other three are the reference's.
+    """
+    if base is None:
+        from nanoserve.kernels import reference as base
+    bad = sorted(set(overrides) - set(KERNEL_NAMES))
+    if bad:
+        raise ValueError(f"unknown kernel name(s) {bad}; a kernel namespace has {list(KERNEL_NAMES)}")
+    ops = {name: getattr(base, name) for name in KERNEL_NAMES}
+    ops.update(overrides)
+    return SimpleNamespace(**ops)
+
+
+def use_kernels(target, **overrides) -> SimpleNamespace:
+    """Run `target` (an LLM, an LLMEngine or the model itself) with some kernels replaced.
+
+    Every module of the model that holds the kernel namespace (attribute `ops`) gets the new
+    one, built from the model's current kernels. Returns the namespace now in use.
+    """
+    model = getattr(getattr(target, "engine", target), "model", target)
+    holders = [m for m in model.modules() if "ops" in vars(m)]
+    if not holders:
+        raise ValueError(f"{type(model).__name__} has no kernel namespace (`ops`) to replace")
+    ops = kernel_ops(holders[0].ops, **overrides)
+    for m in holders:
+        m.ops = ops
+    return ops
+
+
+# --- running the graded tests ---------------------------------------------------------
+
+@dataclass
+class Case:
+    """One test case (a parametrization of a task)."""
+
+    exercise: str  # "ex02"
+    task: str  # test function name without "test_" and parameters
+    case: str  # full test name, with parameters
+    outcome: str  # "passed" | "failed" | "skipped"
+    message: str = ""  # first line of the failure, in plain words
+
+
+@dataclass
+class GradeRun:
+    cases: list[Case] = field(default_factory=list)
+    returncode: int = 0
+    output: str = ""  # pytest's own output (for errors that happened outside tests)
+
+
+def repo_root() -> Path:
+    """The course checkout: the working directory if it has tests/exercises, else nanoserve's parent."""
+    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        if (root / "tests" / "exercises").is_dir():
+            return root
+    raise FileNotFoundError("tests/exercises not found: run `python -m nanoserve grade` from the "
+                            "root of the course checkout")
+
+
+def graded_files(root: Path, exercises: list[str] | None = None) -> list[Path]:
+    """tests/exercises/test_exNN_*.py, all or only the given exercise ids (ex02 or 2)."""
+    wanted = {f"ex{int(e.lower().removeprefix('ex')):02d}" for e in exercises} if exercises else None
+    files = sorted(p for p in (root / "tests" / "exercises").iterdir() if GRADED_FILE.match(p.name))
+    if wanted is not None:
+        unknown = wanted - {GRADED_FILE.match(p.name).group(1) for p in files}
+        if unknown:
+            raise ValueError(f"no graded tests for {sorted(unknown)}; available: "
+                             f"{sorted(GRADED_FILE.match(p.name).group(1) for p in files)}")
+        files = [p for p in files if GRADED_FILE.match(p.name).group(1) in wanted]
+    return files
+
+
+def _first_line(text: str | None) -> str:
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if line:
+            for prefix in ("AssertionError: ", "Failed: ", "E   "):
+                line = line.removeprefix(prefix)
+            return line[:160]
+    return ""
+
+
+def run_graded(exercises: list[str] | None = None, impl: str = "exercises",
+               overrides: dict[str, str] | None = None, stop_at_first_failure: bool = False,
+               timeout: float | None = None) -> GradeRun:
+    """Run the graded tests in a pytest subprocess and collect one Case per test.
+
+    impl: the package graded ("exercises" or "solutions"); overrides: module name -> path of a
+    .py file to load instead (the mutant tests use it).
+    """
+    root = repo_root()
+    files = graded_files(root, exercises)
+    env = dict(os.environ, NANOSERVE_IMPL=impl,
+               NANOSERVE_IMPL_OVERRIDES=";".join(f"{k}={v}" for k, v in (overrides or {}).items()))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.xml"
+        cmd = [sys.executable, "-m", "pytest", *map(str, files), f"--impl={impl}", "-q",
+               "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={report}",
+               "-o", "junit_logging=no"]
+        if stop_at_first_failure:
+            cmd.append("-x")
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        run = GradeRun(returncode=proc.returncode, output=proc.stdout + proc.stderr)
+        if report.exists():
+            run.cases = _parse_junit(report)
+    return run
+
+
+def _parse_junit(path: Path) -> list[Case]:
+    cases = []
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        m = re.search(r"test_(ex\d\d)_", tc.get("classname", ""))
+        if m is None:
+            continue
+        name = tc.get("name", "")
+        task = name.split("[", 1)[0].removeprefix("test_")
+        outcome, message = "passed", ""
+        for tag in ("failure", "error"):
+            el = tc.find(tag)
+            if el is not None:
+                outcome = "failed"
+                message = _first_line(el.get("message")) or _first_line(el.text)
+                break
+        else:
+            if tc.find("skipped") is not None:
+                outcome = "skipped"
+                message = _first_line(tc.find("skipped").get("message"))
+        cases.append(Case(m.group(1), task, name, outcome, message))
+    return cases
+
+
+# --- the score table --------------------------------------------------------------------
+
+def exercise_titles(root: Path, package: str = "exercises") -> dict[str, str]:
+    """ex id -> first line of its module docstring (read with ast; nothing is imported)."""
+    titles = {}
+    for path in sorted((root / package).glob("ex[0-9][0-9]_*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or path.stem
+        titles[path.name[:4]] = doc.splitlines()[0]
+    return titles
+
+
+def score_table(cases: list[Case], titles: dict[str, str] | None = None) -> str:
+    """Per exercise: tasks passed / tasks; per task: PASS/FAIL, cases, first failure message."""
+    titles = titles or {}
+    lines, total, passed = [], 0, 0
+    for ex in sorted({c.exercise for c in cases}):
+        tasks: dict[str, list[Case]] = {}
+        for c in cases:
+            if c.exercise == ex:
+                tasks.setdefault(c.task, []).append(c)
+        ok = [t for t, cs in tasks.items() if all(c.outcome != "failed" for c in cs)]
+        total, passed = total + len(tasks), passed + len(ok)
+        title = titles.get(ex, ex)
+        lines.append(f"{title[:72]:<74}{len(ok):>3}/{len(tasks)}")
+        for task, cs in tasks.items():
+            bad = [c for c in cs if c.outcome == "failed"]
+            mark = "FAIL" if bad else "pass"
+            count = f" ({len(cs) - len(bad)}/{len(cs)} cases)" if len(cs) > 1 and bad else ""
+            lines.append(f"  {mark}  {task.replace('_', ' ')}{count}")
+            if bad:
+                lines.append(f"        {bad[0].message}")
+    lines.append(f"{'Total':<74}{passed:>3}/{total} tasks")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="nanoserve grade",
+                                 description="Run the graded tests and print a score per exercise.")
+    ap.add_argument("exercise", nargs="*", help="exercise ids to grade, e.g. ex02 ex05 (default: all)")
+    ap.add_argument("--impl", default="exercises", choices=("exercises", "solutions"),
+                    help="which package to grade (default: exercises, your answers)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="also print pytest's output")
+    args = ap.parse_args(argv)
+    try:
+        root = repo_root()
+        run = run_graded(args.exercise or None, impl=args.impl)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"nanoserve grade: {e}", file=sys.stderr)
+        return 2
+    if args.verbose or not run.cases:
+        print(run.output)
+    if not run.cases:
+        print("nanoserve grade: pytest ran no graded test (see its output above)", file=sys.stderr)
+        return 2
+    print(score_table(run.cases, exercise_titles(root)))
+    return 0 if all(c.outcome != "failed" for c in run.cases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
