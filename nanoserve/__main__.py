@@ -13,10 +13,17 @@ def main(argv=None) -> int:
     d.add_argument("--model", default=None, help="checkpoint folder or preset:NAME (default: demo model)")
     d.add_argument("--max-tokens", type=int, default=48)
     d.add_argument("--device", default=None)
+    r = sub.add_parser("roofline", help="measure (or show cached) device ceilings")
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--refresh", action="store_true", help="measure again even if cached")
+    r.add_argument("--quick", action="store_true", help="smaller, faster measurements")
     args = ap.parse_args(argv)
     if args.cmd == "demo":
         from nanoserve.demo import run_demo
         run_demo(args.model, args.max_tokens, args.device)
+    elif args.cmd == "roofline":
+        from nanoserve.roofline import format_ceilings, load_or_measure_ceilings
+        print(format_ceilings(load_or_measure_ceilings(args.device, args.refresh, args.quick)))
     return 0
 
 

@@ -24,6 +24,7 @@ Everything a simulation prints is modelled: label it so.
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -52,6 +53,8 @@ class CostModel:
     combine: str = "max"  # "max" (roofline) or "sum" (fitted)
     dtype: str = "bfloat16"
     label: str = ""  # where the numbers come from
+    # measured / modelled step time, as percentiles; each simulated step draws one (empty: none)
+    jitter: tuple[float, ...] = field(default=(), repr=False)
 
     def __post_init__(self):
         if self.combine not in ("max", "sum"):
@@ -103,8 +106,10 @@ class SimExecutor:
     nothing to compute, unless the request is preempted and must recompute them.
     """
 
-    def __init__(self, model_config: ModelConfig, cost_model: CostModel, clock: SimClock):
+    def __init__(self, model_config: ModelConfig, cost_model: CostModel, clock: SimClock,
+                 seed: int = 0):
         self.cfg, self.cost_model, self.clock = model_config, cost_model, clock
+        self.rng = random.Random(seed)  # draws the cost model's jitter
         self.dtype_bytes = dtype_bytes(cost_model.dtype)
         self.kv_present: dict[str, int] = {}
         # a placeholder for every sampled token; never EOS, so lengths are max_tokens
@@ -123,8 +128,9 @@ class SimExecutor:
 
     def execute(self, out: SchedulerOutput) -> dict[str, int]:
         batch = self.batch(out)
-        self.clock.now += self.cost_model.step_time(step_cost(self.cfg, batch, self.dtype_bytes),
-                                                    len(batch))
+        cm = self.cost_model
+        t = cm.step_time(step_cost(self.cfg, batch, self.dtype_bytes), len(batch))
+        self.clock.now += t * self.rng.choice(cm.jitter) if cm.jitter else t
         return {s.request_id: self.token for s in out.seqs if s.sample}
 
 
@@ -183,7 +189,7 @@ def replay(engine: LLMEngine, workload: Workload) -> list[RequestOutput]:
 
 def sim_engine(model_config: ModelConfig, device: DeviceProfile | CostModel,
                config: EngineConfig | None = None, dtype: str = "bfloat16",
-               memory_utilization: float = 0.9) -> LLMEngine:
+               memory_utilization: float = 0.9, seed: int = 0) -> LLMEngine:
     """An LLMEngine on a SimClock with a SimExecutor. KV blocks: config.num_kv_blocks, else
     sized from the profile's memory (a bare CostModel has no memory: pass num_kv_blocks)."""
     config = config or EngineConfig()
@@ -199,15 +205,15 @@ def sim_engine(model_config: ModelConfig, device: DeviceProfile | CostModel,
                              "(or pass a DeviceProfile, whose memory sizes the cache)")
     clock = SimClock()
     return LLMEngine(model_config=model_config, config=config, clock=clock,
-                     executor=SimExecutor(model_config, cost_model, clock))
+                     executor=SimExecutor(model_config, cost_model, clock, seed))
 
 
 def simulate(workload: Workload, model_config: ModelConfig, device: DeviceProfile | CostModel,
              config: EngineConfig | None = None, dtype: str = "bfloat16",
-             memory_utilization: float = 0.9) -> SimResult:
+             memory_utilization: float = 0.9, seed: int = 0) -> SimResult:
     """One engine instance serving `workload` on a modelled device. -> SimResult."""
     t0 = time.perf_counter()
-    engine = sim_engine(model_config, device, config, dtype, memory_utilization)
+    engine = sim_engine(model_config, device, config, dtype, memory_utilization, seed)
     outputs = drive(engine, workload, engine.clock.advance_to)
     cost_model = engine.executor.cost_model
     return SimResult(outputs, {"engine": engine.trace}, time.perf_counter() - t0, cost_model,
@@ -277,8 +283,11 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
 
     Each step's time is its duration plus the median gap between steps (host work the engine
     does outside a step: updating requests, building outputs; the simulator charges it per
-    step). Rows are divided by the measured time, so non-negative least squares minimises
-    *relative* error: short decode steps count as much as long prefills.
+    step). The fit minimises the absolute *relative* error (least squares reweighted towards
+    least absolute deviation, coefficients kept >= 0): short decode steps count as much as
+    long prefills, and the fit follows the typical step rather than the noise, which on a
+    shared machine only ever slows steps down. The spread of measured over fitted times is
+    kept as the model's jitter, so simulated tails include this machine's noise.
     """
     if len(trace) < 5:
         raise ValueError(f"calibrating needs at least 5 steps of trace, got {len(trace)}")
@@ -293,8 +302,13 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
     x = np.asarray(rows)
     t = np.asarray([s.duration for s in trace]) + host_gap
     scale = x.max(axis=0)  # columns span 1 to 1e12: normalise before solving
-    coef = _nnls(x / scale / t[:, None], np.ones(len(t))) / scale
-    cm = CostModel(*coef, combine="sum", dtype=dtype, label=label)
+    a, w = x / scale / t[:, None], np.ones(len(t))  # a @ coef = predicted / measured
+    for _ in range(20):  # weights 1/sqrt|residual| turn squared error into absolute error
+        coef = _nnls(a * w[:, None], w)
+        w = 1 / np.sqrt(np.maximum(np.abs(a @ coef - 1), 1e-3))
+    coef = coef / scale
     pred = x @ coef
+    jitter = tuple(np.percentile(t / pred, np.arange(0.5, 100, 1.0)).tolist())
+    cm = CostModel(*coef, combine="sum", dtype=dtype, label=label, jitter=jitter)
     rel = np.abs(pred - t) / t
     return Calibration(cm, float(np.median(rel)), float(100 * rel.mean()), host_gap, t, pred)

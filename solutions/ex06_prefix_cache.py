@@ -20,9 +20,9 @@ Write `block_hashes` and `PrefixCachingBlockPool`, a standalone version of
 which blocks are shared) must match nanoserve's; the block ids you choose may differ.
 
 Worked example, block_size 4, 8 blocks: allocate("a", 10 tokens) -> 0 cached, 3 blocks
-(2 full, hashed); allocate("b", same first 8 tokens + 5 others) -> 8 cached: b's block table
-starts with a's 2 blocks (refcount 2 each), 4 blocks in use; 4 free. free("a") leaves a's
-third block free (still cached); free("b") frees the rest, last block first.
+(2 full, hashed); allocate("b", same first 8 tokens + 2 others) -> 8 cached: b's block table
+is a's first 2 blocks (refcount 2 each) + 1 new one; 4 blocks in use, 4 free. free("a") frees
+only a's third block (still cached); free("b") frees the rest, b's last block first.
 """
 
 from __future__ import annotations
