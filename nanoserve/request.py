@@ -40,6 +40,15 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_slice(self, start: int, n: int) -> list[int]:
+        """Tokens start..start+n-1 of prompt + output, without concatenating the whole list."""
+        p = len(self.prompt_token_ids)
+        if start + n <= p:
+            return self.prompt_token_ids[start:start + n]
+        if start >= p:
+            return self.output_token_ids[start - p:start - p + n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:start + n - p]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)

@@ -83,8 +83,12 @@ class Scheduler:
 
     # -- queue management -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
+        t = req.metrics.arrival_time
+        if not self.waiting or self.waiting[-1].metrics.arrival_time <= t:
+            self.waiting.append(req)  # the usual case: requests come in arrival order
+            return
         keys = [r.metrics.arrival_time for r in self.waiting]
-        self.waiting.insert(bisect.bisect_right(keys, req.metrics.arrival_time), req)
+        self.waiting.insert(bisect.bisect_right(keys, t), req)
 
     def abort(self, request_id: str) -> Request | None:
         for queue in (self.running, self.waiting):
@@ -189,8 +193,8 @@ class Scheduler:
     def _add(self, req: Request, n: int, out: SchedulerOutput) -> None:
         start = req.num_computed_tokens
         is_decode = bool(req.output_token_ids) and n == 1 and start == req.num_tokens - 1
-        tokens = req.all_token_ids[start:start + n] if n > 1 else [req.all_token_ids[start]]
-        out.seqs.append(ScheduledSeq(req.request_id, tokens, start, self.kv.block_ids(req.request_id),
+        out.seqs.append(ScheduledSeq(req.request_id, req.token_slice(start, n), start,
+                                     self.kv.block_ids(req.request_id),
                                      start + n == req.num_tokens, req.params, is_decode))
         out.requests.append(req)
         if is_decode:
