@@ -155,7 +155,8 @@ def replay(engine_or_llm: LLMEngine | LLM, workload: Workload, realtime: bool = 
            progress: bool = True, warmup: int = 1, label: str | None = None) -> BenchResult:
     """Serve `workload` on a real-clock engine. Request i arrives at t0 + its arrival_time;
     realtime=False sends everything at t0 (offline throughput). warmup: how many of the first
-    requests' shapes to run before t0. The engine must have no unfinished requests."""
+    requests' shapes to run before t0. label: the result's device_label, which figures show
+    (default: device_label(engine)). The engine must be idle and record its trace."""
     from tqdm.auto import tqdm
 
     engine = getattr(engine_or_llm, "engine", engine_or_llm)
@@ -170,7 +171,7 @@ def replay(engine_or_llm: LLMEngine | LLM, workload: Workload, realtime: bool = 
         t0 = engine.clock()
         outputs = drive(_Progress(engine, bar), workload,
                         lambda t: time.sleep(max(0.0, t - engine.clock())), t0)
-        duration = engine.clock() - t0
+    duration = max(o.metrics.finished_time for o in outputs) - t0 if outputs else 0.0
     return BenchResult(workload, outputs, engine.trace[first_step:], t0, duration,
                        label or device_label(engine), engine.model_config,
                        roofline.dtype_name(engine.dtype), engine.config)

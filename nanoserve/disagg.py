@@ -90,7 +90,7 @@ def simulate_colocated(workload: Workload, model_config: ModelConfig, device: De
                        dtype: str = "bfloat16") -> SimResult:
     """num_instances identical engines, each serving whole requests."""
     t0 = time.perf_counter()
-    engines = {f"instance{i}": sim_engine(model_config, device, config, dtype)
+    engines = {f"instance{i}": sim_engine(model_config, device, config, dtype, seed=i)
                for i in range(num_instances)}
     cluster, final = Cluster(engines), {}
     for i, r in enumerate(workload.requests):
@@ -112,10 +112,10 @@ def simulate_disaggregated(workload: Workload, model_config: ModelConfig, device
     config = config or EngineConfig()
     decode_config = replace(config, max_num_batched_tokens=max(
         config.max_num_batched_tokens, model_config.max_position_embeddings + config.max_num_seqs))
-    prefill = {f"prefill{i}": sim_engine(model_config, device, config, dtype)
+    prefill = {f"prefill{i}": sim_engine(model_config, device, config, dtype, seed=i)
                for i in range(num_prefill)}
-    decode = {f"decode{i}": sim_engine(model_config, device, decode_config, dtype)
-              for i in range(num_decode)}
+    decode = {f"decode{i}": sim_engine(model_config, device, decode_config, dtype,
+                                       seed=num_prefill + i) for i in range(num_decode)}
     cluster = Cluster({**prefill, **decode})
     kv_per_token = kv_bytes_per_token(model_config, dtype)
     link_free = dict.fromkeys(prefill, 0.0)  # when each prefill instance's link is idle

@@ -58,8 +58,7 @@ def use_kernels(target, **overrides) -> SimpleNamespace:
     if not holders:
         raise ValueError(f"{type(model).__name__} has no kernel namespace (`ops`) to replace")
     ops = kernel_ops(holders[0].ops, **overrides)
-    for m in holders:
-        m.ops = ops
+    model.set_ops(ops)
     return ops
 
 
@@ -74,6 +73,7 @@ class Case:
     case: str  # full test name, with parameters
     outcome: str  # "passed" | "failed" | "skipped"
     message: str = ""  # first line of the failure, in plain words
+    mutant: str | None = None  # in the guards' mutant runs: the mutant this case checked
 
 
 @dataclass
@@ -116,25 +116,21 @@ def _first_line(text: str | None) -> str:
 
 
 def run_graded(exercises: list[str] | None = None, impl: str = "exercises",
-               overrides: dict[str, str] | None = None, stop_at_first_failure: bool = False,
-               timeout: float | None = None) -> GradeRun:
+               env: dict[str, str] | None = None, timeout: float | None = None) -> GradeRun:
     """Run the graded tests in a pytest subprocess and collect one Case per test.
 
-    impl: the package graded ("exercises" or "solutions"); overrides: module name -> path of a
-    .py file to load instead (the mutant tests use it).
+    impl: the package graded ("exercises" or "solutions"); env: extra environment variables
+    (tests/exercises/conftest.py reads NANOSERVE_IMPL_OVERRIDES and NANOSERVE_MUTANTS).
     """
     root = repo_root()
     files = graded_files(root, exercises)
-    env = dict(os.environ, NANOSERVE_IMPL=impl,
-               NANOSERVE_IMPL_OVERRIDES=";".join(f"{k}={v}" for k, v in (overrides or {}).items()))
+    env = dict(os.environ, **(env or {}), NANOSERVE_IMPL=impl)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
         cmd = [sys.executable, "-m", "pytest", *map(str, files), f"--impl={impl}", "-q",
                "-p", "no:cacheprovider", "-p", "no:randomly", f"--junitxml={report}",
                "-o", "junit_logging=no"]
-        if stop_at_first_failure:
-            cmd.append("-x")
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
         run = GradeRun(returncode=proc.returncode, output=proc.stdout + proc.stderr)
         if report.exists():
@@ -161,18 +157,20 @@ def _parse_junit(path: Path) -> list[Case]:
             if tc.find("skipped") is not None:
                 outcome = "skipped"
                 message = _first_line(tc.find("skipped").get("message"))
-        cases.append(Case(m.group(1), task, name, outcome, message))
+        props = {p.get("name"): p.get("value") for p in tc.iter("property")}
+        cases.append(Case(m.group(1), task, name, outcome, message, props.get("mutant")))
     return cases
 
 
 # --- the score table --------------------------------------------------------------------
 
 def exercise_titles(root: Path, package: str = "exercises") -> dict[str, str]:
-    """ex id -> first line of its module docstring (read with ast; nothing is imported)."""
+    """ex id -> the first sentence of its module docstring, e.g. "Exercise 2: the paged KV cache"
+    (read with ast: nothing is imported)."""
     titles = {}
     for path in sorted((root / package).glob("ex[0-9][0-9]_*.py")):
         doc = ast.get_docstring(ast.parse(path.read_text())) or path.stem
-        titles[path.name[:4]] = doc.splitlines()[0]
+        titles[path.name[:4]] = doc.splitlines()[0].split(". ")[0].rstrip(".")
     return titles
 
 
@@ -188,7 +186,7 @@ def score_table(cases: list[Case], titles: dict[str, str] | None = None) -> str:
         ok = [t for t, cs in tasks.items() if all(c.outcome != "failed" for c in cs)]
         total, passed = total + len(tasks), passed + len(ok)
         title = titles.get(ex, ex)
-        lines.append(f"{title[:72]:<74}{len(ok):>3}/{len(tasks)}")
+        lines.append(f"{title[:68]:<70}{len(ok):>3}/{len(tasks)}")
         for task, cs in tasks.items():
             bad = [c for c in cs if c.outcome == "failed"]
             mark = "FAIL" if bad else "pass"
@@ -196,7 +194,7 @@ def score_table(cases: list[Case], titles: dict[str, str] | None = None) -> str:
             lines.append(f"  {mark}  {task.replace('_', ' ')}{count}")
             if bad:
                 lines.append(f"        {bad[0].message}")
-    lines.append(f"{'Total':<74}{passed:>3}/{total} tasks")
+    lines.append(f"{'Total':<70}{passed:>3}/{total} tasks")
     return "\n".join(lines)
 
 

@@ -18,7 +18,11 @@ with combine = max for datasheet devices (a step is bound by the slower of readi
 computing; the roofline) and sum for a model `calibrate` fits to a measured trace (least
 squares needs a linear model, and on a CPU memory traffic and arithmetic barely overlap).
 Bytes are every weight once per step, the KV of each sequence's context, and activations.
-Everything a simulation prints is modelled: label it so.
+`calibrate` fits the coefficients to a real run's trace and keeps its residuals, so a
+calibrated simulation also carries the measured machine's step-to-step noise.
+Everything a simulation prints is modelled: label it so. Left out: the time the host spends
+between steps beyond a calibrated constant, overlap of one step's host work with the
+previous step's kernels, and anything the placeholder tokens change (stop strings, EOS).
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ class CostModel:
     combine: str = "max"  # "max" (roofline) or "sum" (fitted)
     dtype: str = "bfloat16"
     label: str = ""  # where the numbers come from
-    # measured / modelled step time, as percentiles; each simulated step draws one (empty: none)
-    jitter: tuple[float, ...] = field(default=(), repr=False)
+    # measured noise (calibrate): each simulated step adds one of these residuals (seconds),
+    # drawn at random, but never runs faster than min_ratio of its modelled time
+    residuals: tuple[float, ...] = field(default=(), repr=False)
+    min_ratio: float = 0.0
 
     def __post_init__(self):
         if self.combine not in ("max", "sum"):
@@ -109,7 +115,7 @@ class SimExecutor:
     def __init__(self, model_config: ModelConfig, cost_model: CostModel, clock: SimClock,
                  seed: int = 0):
         self.cfg, self.cost_model, self.clock = model_config, cost_model, clock
-        self.rng = random.Random(seed)  # draws the cost model's jitter
+        self.rng = random.Random(seed)  # draws the cost model's residuals
         self.dtype_bytes = dtype_bytes(cost_model.dtype)
         self.kv_present: dict[str, int] = {}
         # a placeholder for every sampled token; never EOS, so lengths are max_tokens
@@ -130,7 +136,9 @@ class SimExecutor:
         batch = self.batch(out)
         cm = self.cost_model
         t = cm.step_time(step_cost(self.cfg, batch, self.dtype_bytes), len(batch))
-        self.clock.now += t * self.rng.choice(cm.jitter) if cm.jitter else t
+        if cm.residuals:
+            t = max(t + self.rng.choice(cm.residuals), t * cm.min_ratio)
+        self.clock.now += t
         return {s.request_id: self.token for s in out.seqs if s.sample}
 
 
@@ -286,8 +294,9 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
     step). The fit minimises the absolute *relative* error (least squares reweighted towards
     least absolute deviation, coefficients kept >= 0): short decode steps count as much as
     long prefills, and the fit follows the typical step rather than the noise, which on a
-    shared machine only ever slows steps down. The spread of measured over fitted times is
-    kept as the model's jitter, so simulated tails include this machine's noise.
+    shared machine only ever slows steps down. The residuals (measured minus fitted seconds)
+    stay with the model: the simulator adds one to each step, so its tails carry this
+    machine's noise (replace(cost_model, residuals=()) for a noiseless model).
     """
     if len(trace) < 5:
         raise ValueError(f"calibrating needs at least 5 steps of trace, got {len(trace)}")
@@ -308,7 +317,7 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
         w = 1 / np.sqrt(np.maximum(np.abs(a @ coef - 1), 1e-3))
     coef = coef / scale
     pred = x @ coef
-    jitter = tuple(np.percentile(t / pred, np.arange(0.5, 100, 1.0)).tolist())
-    cm = CostModel(*coef, combine="sum", dtype=dtype, label=label, jitter=jitter)
+    cm = CostModel(*coef, combine="sum", dtype=dtype, label=label,
+                   residuals=tuple((t - pred).tolist()), min_ratio=float((t / pred).min()))
     rel = np.abs(pred - t) / t
     return Calibration(cm, float(np.median(rel)), float(100 * rel.mean()), host_gap, t, pred)

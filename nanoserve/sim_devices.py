@@ -5,11 +5,11 @@ bandwidth, memory size, and the fractions of the first two that real kernels ach
 kinds, never mixed up in a figure:
 
 - *datasheet*: vendor figures (cited beside each entry) times an achievable fraction. The
-  fractions are assumptions, stated once here: good GEMMs reach about 70% of dense peak and
-  streaming kernels about 80% of HBM bandwidth on these parts (what gpt-fast and vLLM
-  report as attained MFU / MBU at best); a step also pays a fixed host overhead (scheduling,
-  input preparation, sampling, kernel launches replayed from a CUDA graph), assumed 2 ms,
-  plus 10 us per sequence for building its metadata. All of these are modelled, not measured.
+  fractions are assumptions, stated once here and overridable per profile: well-tuned GEMMs
+  reach roughly 70% of dense peak and memory-bound kernels roughly 80% of HBM bandwidth. A
+  step also pays a fixed host overhead (scheduling, input preparation, sampling, kernel
+  launches replayed from a CUDA graph), assumed 2 ms, plus 10 us per sequence for building
+  its metadata. All of these are modelled, not measured.
 - *measured*: this machine's ceilings from roofline.load_or_measure_ceilings, fraction 1
   (they are already attained rates). Its overhead is unknown until `sim.calibrate` fits it.
 

@@ -13,6 +13,8 @@ fewer bytes. Decode attention reads a request's K/V through its block table, one
 block at a time, with an online softmax (running max, running sum) so the context never has
 to fit at once.
 
+The tests call the launchers `rms_norm` and `decode_attention` (their signatures are fixed);
+the kernels' signatures below are a suggestion: change them as your launchers need.
 On a CPU, run with TRITON_INTERPRET=1 (set before importing this module; the tests do it).
 The interpreter is slow per program instance and computes bf16 wrongly: load, then convert
 to fp32 (`.to(tl.float32)`) before arithmetic. No autotuning: pick the tile sizes yourself.

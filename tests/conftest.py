@@ -27,6 +27,12 @@ ARCHS = {
 }
 
 
+def pytest_addoption(parser):
+    # here, at the tests root, so `pytest tests --impl=exercises` works as well as `pytest tests/exercises`
+    parser.addoption("--impl", default=None, choices=("solutions", "exercises"),
+                     help="package the graded exercise tests check (default: solutions)")
+
+
 def make_hf_model(arch: str, folder: str, seed: int = 0):
     import transformers
     spec = ARCHS[arch]

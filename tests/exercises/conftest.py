@@ -1,11 +1,16 @@
 """Graded tests: one test body checks either implementation of an exercise.
 
 `python -m pytest tests/exercises --impl=exercises|solutions` (default solutions) picks the
-package; NANOSERVE_IMPL does the same where the option isn't registered (e.g. `pytest tests`).
-NANOSERVE_IMPL_OVERRIDES="ex02_paged_kv=/path/to/file.py;..." loads single modules from files
-instead (how the mutant tests run the graded checks against wrong implementations).
-Test modules get the implementation from the `load` fixture, so a broken student module fails
-its tests one by one instead of breaking collection.
+package; NANOSERVE_IMPL does the same where the option isn't registered (`pytest tests`).
+Test modules get the implementation through the `load` fixture, so a broken student module
+fails its tests one by one instead of breaking collection.
+
+Two more modes, driven by environment variables (used by test_exercise_guards.py):
+- NANOSERVE_IMPL_OVERRIDES="ex02_paged_kv=/path/to/file.py;...": load single modules from files.
+- NANOSERVE_MUTANTS="all" (or a comma list of names): run each mutant in tests/exercises/mutants/
+  (a wrong-but-plausible exercise module, exNN_what_is_wrong.py) against the graded tests of its
+  exercise: every test is parametrized by mutant, tagged with a `mutant` junit property, and once
+  a mutant fails one test its remaining tests are skipped.
 """
 
 import importlib
@@ -25,11 +30,7 @@ if not torch.cuda.is_available():  # ex08's Triton kernels run under the interpr
     os.environ["TRITON_INTERPRET"] = "1"
 
 IMPLS = ("solutions", "exercises")
-
-
-def pytest_addoption(parser):
-    parser.addoption("--impl", default=None, choices=IMPLS,
-                     help="package the graded tests check: solutions (default) or exercises")
+MUTANTS_DIR = Path(__file__).parent / "mutants"
 
 
 @pytest.fixture(scope="session")
@@ -40,9 +41,24 @@ def impl(request) -> str:
     return choice
 
 
-def _overrides() -> dict[str, str]:
-    spec = os.environ.get("NANOSERVE_IMPL_OVERRIDES", "")
-    return dict(item.split("=", 1) for item in spec.split(";") if item)
+def exercise_module(ex_id: str) -> str:
+    """'ex02' -> 'ex02_paged_kv' (the module name shared by exercises/ and solutions/)."""
+    return next((ROOT / "solutions").glob(f"{ex_id}_*.py")).stem
+
+
+def selected_mutants() -> list[Path]:
+    spec = os.environ.get("NANOSERVE_MUTANTS", "")
+    if not spec:
+        return []
+    paths = sorted(MUTANTS_DIR.glob("ex[0-9][0-9]_*.py"))
+    return paths if spec == "all" else [p for p in paths if p.stem in spec.split(",")]
+
+
+def _load_file(name: str, path) -> object:
+    spec = importlib.util.spec_from_file_location(f"_impl_{name}_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _uses_interpreter(module) -> bool:
@@ -51,23 +67,64 @@ def _uses_interpreter(module) -> bool:
     return all(isinstance(k, InterpretedFunction) for k in kernels)
 
 
-@pytest.fixture(scope="session")
-def load(impl):
+def pytest_generate_tests(metafunc):
+    mutants = selected_mutants()
+    if mutants and "mutant" in metafunc.fixturenames:
+        ex_id = metafunc.module.__name__.rsplit(".", 1)[-1][5:9]  # test_ex02_... -> ex02
+        mine = [p for p in mutants if p.name.startswith(ex_id)]
+        metafunc.parametrize("mutant", mine, ids=[p.stem for p in mine], scope="module")
+
+
+@pytest.fixture(scope="module")
+def mutant():
+    """The mutant file under test (parametrized in mutant mode), else None."""
+    return None
+
+
+@pytest.fixture(scope="module")
+def load(impl, mutant):
     """load("ex02_paged_kv") -> the module under test."""
-    overrides = _overrides()
+    overrides = dict(item.split("=", 1) for item in os.environ.get("NANOSERVE_IMPL_OVERRIDES", "").split(";")
+                     if item)
+    if mutant is not None:
+        overrides[exercise_module(mutant.name[:4])] = str(mutant)
 
     def get(name: str):
         if name in overrides:
-            path = overrides[name]
-            spec = importlib.util.spec_from_file_location(f"_override_{name}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(f"{impl}.{name}")
-            if "TRITON_INTERPRET" in os.environ and "triton" in vars(module) and not _uses_interpreter(module):
-                module = importlib.reload(module)  # imported earlier without the interpreter
+            return _load_file(name, overrides[name])
+        module = importlib.import_module(f"{impl}.{name}")
+        stale = "triton" in vars(module) and not _uses_interpreter(module)
+        if "TRITON_INTERPRET" in os.environ and stale:
+            module = importlib.reload(module)  # imported earlier without the interpreter
         return module
     return get
+
+
+# -- mutant mode: tag each test with its mutant, stop testing a mutant once it is caught --------
+
+_caught: set[str] = set()
+
+
+def _mutant_name(item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    m = callspec.params.get("mutant") if callspec is not None else None
+    return m.stem if m is not None else None
+
+
+def pytest_runtest_setup(item):
+    name = _mutant_name(item)
+    if name is not None:
+        item.user_properties.append(("mutant", name))
+        if name in _caught:
+            pytest.skip(f"mutant {name} already failed a test")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    name = _mutant_name(item)
+    if name is not None and outcome.get_result().failed:
+        _caught.add(name)
 
 
 @pytest.fixture(autouse=True)

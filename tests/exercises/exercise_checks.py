@@ -1,8 +1,8 @@
-"""Drive the real engine (preset:tiny, fp32, CPU) with a student's piece plugged in, and check it.
+"""Shared pieces of the graded tests: hypothesis settings, and driving the real engine.
 
-The engine runs on a fake clock (one tick per call), so arrival times are in ticks and every run
-is deterministic. Checks read only public behaviour: outputs, `engine.trace` (StepRecords) and
-the KV manager's block accounting.
+The engine (preset:tiny, fp32, CPU) runs on a fake clock (one tick per call), so arrival times
+are in ticks and every run is deterministic. Checks read only public behaviour: outputs,
+`engine.trace` (StepRecords) and the KV manager's block accounting.
 """
 
 from __future__ import annotations
@@ -14,9 +14,19 @@ import threading
 from contextlib import contextmanager
 from itertools import count
 
+from hypothesis import HealthCheck, Phase, settings
+
 from nanoserve import EngineConfig, LLMEngine, SamplingParams
 
 MODEL = "preset:tiny"  # vocab 4096, 4 layers, hidden 128
+
+
+def graded(max_examples: int):
+    """Hypothesis settings of a graded test: reproducible examples, one failure reported (its
+    message is what `nanoserve grade` prints), shrunk but not "explained" (slow)."""
+    return settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
+                    report_multiple_bugs=False, phases=[Phase.explicit, Phase.generate, Phase.shrink],
+                    suppress_health_check=[HealthCheck.too_slow])
 
 
 class TickClock:
@@ -47,11 +57,12 @@ def time_limit(seconds: float, what: str):
         signal.signal(signal.SIGALRM, old)
 
 
-def make_engine(scheduler_cls=None, **config) -> LLMEngine:
+def make_engine(scheduler_cls=None, device: str = "cpu", **config) -> LLMEngine:
     cfg = dict(block_size=8, num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=48,
-               enable_chunked_prefill=False, enable_prefix_caching=True)
+               enable_chunked_prefill=False, enable_prefix_caching=True,
+               enforce_eager=True)  # no CUDA graphs: kernels swapped by use_kernels take effect
     cfg.update(config)
-    return LLMEngine(MODEL, device="cpu", dtype="float32", seed=0, config=EngineConfig(**cfg),
+    return LLMEngine(MODEL, device=device, dtype="float32", seed=0, config=EngineConfig(**cfg),
                      scheduler_cls=scheduler_cls, clock=TickClock())
 
 

@@ -1,14 +1,13 @@
 """Exercise 1 (roofline arithmetic), checked against nanoserve.roofline on random shapes."""
 
 import pytest
-from hypothesis import given, settings
+from exercise_checks import graded
+from hypothesis import given
 from hypothesis import strategies as st
 
 from nanoserve.config import ModelConfig
 from nanoserve.roofline import DeviceCeilings, step_cost
 from nanoserve.roofline import critical_batch_size as engine_critical_batch_size
-
-graded = settings(max_examples=40, deadline=None, derandomize=True, database=None)
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +35,13 @@ def test_linear_flops_and_bytes_worked_example(ex):
         "linear_bytes(1, 768, 768, 4) should be (768*768 weights + 768 in + 768 out) * 4 bytes"
 
 
-@graded
+@graded(40)
 @given(cfg=model_configs(), tokens=st.integers(1, 600), dtype_bytes=st.sampled_from([2, 4]))
 def test_linear_layers_match_step_cost(ex, cfg, tokens, dtype_bytes):
     want = step_cost(cfg, [(tokens, tokens)], dtype_bytes)
     flops = cfg.num_hidden_layers * sum(ex.linear_flops(tokens, i, o) for i, o in projections(cfg))
-    nbytes = cfg.num_hidden_layers * sum(ex.linear_bytes(tokens, i, o, dtype_bytes) for i, o in projections(cfg))
+    nbytes = cfg.num_hidden_layers * sum(ex.linear_bytes(tokens, i, o, dtype_bytes)
+                                         for i, o in projections(cfg))
     assert flops == want.flops["linear"], (
         f"linear FLOPs of {tokens} tokens through the model's projections: got {flops}, "
         f"expected {want.flops['linear']}")
@@ -58,7 +58,7 @@ def test_batch_one_linear_intensity_is_low(ex):
     assert 200 < big < 256, f"a batch-256 bf16 linear layer should reach ~240 FLOP/byte, got {big:.1f}"
 
 
-@graded
+@graded(40)
 @given(cfg=model_configs(), q=st.integers(1, 300), cached=st.integers(0, 500),
        dtype_bytes=st.sampled_from([2, 4]))
 def test_attention_matches_step_cost(ex, cfg, q, cached, dtype_bytes):
@@ -86,10 +86,11 @@ def test_prefill_attention_is_compute_heavier_than_decode(ex):
         f"{prefill:.1f} should be hundreds")
 
 
-@graded
+@graded(40)
 @given(peak=st.floats(1e10, 1e16), bandwidth=st.floats(1e9, 1e13), dtype_bytes=st.sampled_from([1, 2, 4]))
 def test_ridge_point_and_critical_batch_size(ex, peak, bandwidth, dtype_bytes):
-    assert ex.ridge_point(peak, bandwidth) == pytest.approx(peak / bandwidth), "ridge point = peak / bandwidth"
+    assert ex.ridge_point(peak, bandwidth) == pytest.approx(peak / bandwidth), \
+        "ridge point = peak / bandwidth"
     name = {1: "float8_e4m3fn", 2: "bfloat16", 4: "float32"}[dtype_bytes]
     ceilings = DeviceCeilings("cpu", "test", 1, "", "", False, bandwidth, bandwidth, {name: peak})
     want = engine_critical_batch_size(ceilings, name)
@@ -104,7 +105,7 @@ def test_kv_bytes_per_token(ex):
     assert ex.kv_bytes_per_token(32, 8, 128, 2) == 131_072, "llama-3-8b in bf16 holds 128 KiB per token"
 
 
-@graded
+@graded(40)
 @given(params=st.integers(10**6, 10**10), batch=st.integers(1, 1024), ctx=st.integers(0, 8192),
        kvb=st.integers(1, 10**6), dtype_bytes=st.sampled_from([2, 4]),
        bandwidth=st.floats(1e9, 1e13), peak=st.floats(1e11, 1e16))

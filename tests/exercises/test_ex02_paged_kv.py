@@ -2,13 +2,12 @@
 
 import pytest
 import torch
-from hypothesis import given, settings
+from exercise_checks import graded
+from hypothesis import given
 from hypothesis import strategies as st
 
 from nanoserve.kernels import reference
 from nanoserve.kv_cache import KVCacheManager
-
-graded = settings(max_examples=30, deadline=None, derandomize=True, database=None)
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +15,7 @@ def ex(load):
     return load("ex02_paged_kv")
 
 
-@graded
+@graded(30)
 @given(num_tokens=st.integers(0, 1000), block_size=st.integers(1, 64))
 def test_blocks_needed(ex, num_tokens, block_size):
     want = KVCacheManager(1, block_size).blocks_needed(num_tokens)
@@ -26,10 +25,11 @@ def test_blocks_needed(ex, num_tokens, block_size):
 
 def test_slot_mapping_worked_example(ex):
     got = ex.slot_mapping(torch.tensor([7, 2]), torch.tensor([0, 3, 4, 5]), 4)
-    assert got.tolist() == [28, 31, 8, 9], f"block table [7, 2], positions [0, 3, 4, 5]: got {got.tolist()}"
+    assert got.tolist() == [28, 31, 8, 9], \
+        f"table [7, 2], block_size 4, positions [0, 3, 4, 5]: got {got.tolist()}, expected [28, 31, 8, 9]"
 
 
-@graded
+@graded(30)
 @given(data=st.data(), block_size=st.sampled_from([1, 2, 4, 16]), num_blocks=st.integers(1, 8))
 def test_slot_mapping_follows_the_block_table(ex, data, block_size, num_blocks):
     table = data.draw(st.permutations(range(32)))[:num_blocks]
@@ -72,7 +72,7 @@ def test_write_kv_skips_padding(ex):
         "slot -1 marks padding: nothing may be written (k_cache[-1] is a real slot)"
 
 
-@graded
+@graded(30)
 @given(data=st.data(), block_size=st.sampled_from([1, 2, 4, 8]))
 def test_gather_kv_matches_reference(ex, data, block_size):
     cache = torch.randn(10, block_size, 2, 4)
@@ -80,11 +80,13 @@ def test_gather_kv_matches_reference(ex, data, block_size):
     table = torch.tensor(data.draw(st.permutations(range(10)))[:5], dtype=torch.int32)  # extra = padding
     want = reference.gather_kv(cache, table, length)
     got = ex.gather_kv(cache, table, length)
-    assert got.shape == want.shape, f"gather_kv(length={length}) has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-    assert torch.equal(got, want), f"gather_kv(length={length}, block table {table.tolist()}) returned other rows"
+    assert got.shape == want.shape, \
+        f"gather_kv(length={length}) has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    assert torch.equal(got, want), \
+        f"gather_kv(length={length}, block table {table.tolist()}) returned other rows"
 
 
-@graded
+@graded(30)
 @given(data=st.data(), block_size=st.sampled_from([2, 4, 8]), length=st.integers(1, 40))
 def test_write_then_gather_round_trip(ex, data, block_size, length):
     """A request's K written token by token through its slots is read back in order."""

@@ -2,15 +2,12 @@
 
 import pytest
 import torch
-from hypothesis import given, settings
+from exercise_checks import drive, graded, make_engine, workload
+from hypothesis import given
 from hypothesis import strategies as st
 
 from nanoserve.grade import use_kernels
 from nanoserve.kernels import reference
-
-from engine_checks import drive, make_engine, workload
-
-graded = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 
 
 @pytest.fixture(scope="module")
@@ -21,12 +18,12 @@ def ex(load):
 def batch(seqs, num_heads=4, num_kv_heads=2, head_dim=8, block_size=4, num_blocks=40, dtype=torch.float32):
     """seqs: [(q_len, cached_len)]. -> the paged_attention arguments, caches filled at random."""
     g = torch.Generator().manual_seed(len(seqs) * 1000 + sum(q + c for q, c in seqs))
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype)
-    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype)
     lens = [q + c for q, c in seqs]
     width = max(-(-n // block_size) for n in lens)
+    num_blocks = max(num_blocks, len(seqs) * width)
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype)
     perm = torch.randperm(num_blocks, generator=g)
-    assert len(seqs) * width <= num_blocks
     tables = perm[:len(seqs) * width].view(len(seqs), width).to(torch.int32)  # distinct blocks
     qsl = [0]
     for q, _ in seqs:
@@ -81,7 +78,7 @@ def test_bfloat16(ex):
     check(ex, [(1, 7), (5, 2)], "bf16 inputs", dtype=torch.bfloat16)
 
 
-@graded
+@graded(25)
 @given(seqs=st.lists(st.tuples(st.integers(1, 8), st.integers(0, 12)), min_size=1, max_size=5),
        block_size=st.sampled_from([1, 4, 8]), heads=st.sampled_from([(2, 1), (4, 2), (2, 2)]),
        head_dim=st.sampled_from([4, 16]))

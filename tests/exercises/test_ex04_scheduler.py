@@ -5,11 +5,20 @@ LLM(scheduler=...) and checks what the engine did: greedy outputs, the step trac
 """
 
 import pytest
+from exercise_checks import (
+    TickClock,
+    appearances,
+    assert_limits,
+    assert_no_leaks,
+    assert_same_outputs,
+    drive,
+    make_engine,
+    preempted_at,
+    time_limit,
+    workload,
+)
 
 from nanoserve import LLM, EngineConfig, SamplingParams
-
-from engine_checks import (TickClock, appearances, assert_limits, assert_no_leaks, assert_same_outputs,
-                           drive, make_engine, preempted_at, time_limit, workload)
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +45,12 @@ def test_plugs_into_LLM_generate(scheduler):
     cfg = EngineConfig(block_size=8, num_kv_blocks=32, max_num_seqs=2, max_num_batched_tokens=48,
                        enable_chunked_prefill=False)
     params = SamplingParams(max_tokens=5, temperature=0.0)
-    llm = LLM("preset:tiny", device="cpu", dtype="float32", config=cfg, scheduler=scheduler, clock=TickClock())
+    llm = LLM("preset:tiny", device="cpu", dtype="float32", config=cfg, scheduler=scheduler,
+              clock=TickClock())
     with time_limit(60, "LLM.generate with your scheduler"):
         got = [o.token_ids for o in llm.generate(prompts, params)]
-    want = [o.token_ids for o in LLM("preset:tiny", device="cpu", dtype="float32", config=cfg).generate(prompts, params)]
+    builtin = LLM("preset:tiny", device="cpu", dtype="float32", config=cfg)
+    want = [o.token_ids for o in builtin.generate(prompts, params)]
     assert got == want, f"LLM(..., scheduler=yours).generate gave {got}, the built-in scheduler {want}"
     assert_no_leaks(llm.engine)
 

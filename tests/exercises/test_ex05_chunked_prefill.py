@@ -1,9 +1,16 @@
 """Exercise 5 (chunked prefill), run inside the real engine with enable_chunked_prefill=True."""
 
 import pytest
-
-from engine_checks import (appearances, assert_limits, assert_no_leaks, assert_same_outputs, drive,
-                           make_engine, preempted_at, workload)
+from exercise_checks import (
+    appearances,
+    assert_limits,
+    assert_no_leaks,
+    assert_same_outputs,
+    drive,
+    make_engine,
+    preempted_at,
+    workload,
+)
 
 CHUNKED = dict(enable_chunked_prefill=True, max_num_batched_tokens=16)
 

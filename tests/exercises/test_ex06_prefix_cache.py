@@ -3,14 +3,13 @@
 import random
 
 import pytest
-from hypothesis import given, settings
+from exercise_checks import graded
+from hypothesis import given
 from hypothesis import strategies as st
 
 from nanoserve.kv_cache import KVCacheManager
 from nanoserve.request import Request
 from nanoserve.sampling_params import SamplingParams
-
-graded = settings(max_examples=60, deadline=None, derandomize=True, database=None)
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +49,13 @@ def test_block_hashes_are_chained(ex):
     assert ex.block_hashes([1, 2, 3, 5], 2)[0] == h[0], "the first block's hash depends only on it"
 
 
-@graded
+@graded(60)
 @given(a=st.lists(st.integers(0, 3), max_size=12), b=st.lists(st.integers(0, 3), max_size=12),
        bs=st.integers(1, 4))
 def test_equal_hash_means_equal_prefix(ex, a, b, bs):
     ha, hb = ex.block_hashes(a, bs), ex.block_hashes(b, bs)
-    assert len(ha) == len(a) // bs, f"{len(a)} tokens in blocks of {bs}: {len(a) // bs} full blocks, got {len(ha)} hashes"
+    assert len(ha) == len(a) // bs, \
+        f"{len(a)} tokens in blocks of {bs}: {len(a) // bs} full blocks, got {len(ha)} hashes"
     for i in range(min(len(ha), len(hb))):
         same = a[:(i + 1) * bs] == b[:(i + 1) * bs]
         assert (ha[i] == hb[i]) == same, (f"block {i} of {a} and {b} (block_size {bs}): hashes "
@@ -123,10 +123,11 @@ def test_allocation_fails_without_change(ex):
     assert pool.allocate("b", [9, 9, 9]) is None, "b needs 2 blocks, 1 is free: allocate must return None"
     assert pool.num_free_blocks == 1, "a failed allocation must not take blocks"
     pool.free("a")
-    assert pool.allocate("c", [1, 2, 3, 4, 7, 7, 7, 7]) == 4, "a failed allocation must not evict cached blocks"
+    assert pool.allocate("c", [1, 2, 3, 4, 7, 7, 7, 7]) == 4, \
+        "a failed allocation must not evict cached blocks"
 
 
-@graded
+@graded(60)
 @given(seed=st.integers(0, 10**6), num_blocks=st.integers(3, 12), bs=st.integers(1, 4))
 def test_random_operations_match_nanoserve(ex, seed, num_blocks, bs):
     rng = random.Random(seed)

@@ -1,0 +1,589 @@
+#!/usr/bin/env python3
+"""One prepared GPU run: kernel tests, HF equivalence, ceilings, nanoserve vs HF benchmarks.
+
+Sections, in order (each guarded: an error or a skip is recorded, and the run moves on):
+  kernel_tests     pytest tests/kernels on CUDA: pass/fail counts
+  equivalence      tiny random Llama and Qwen2 saved by transformers, fp32: nanoserve greedy (CUDA
+                   graphs and eager) == HF generate, token for token; bf16 logit errors as info
+  ceilings         copy bandwidth (bytes read + written), matmul TFLOP/s (roofline.measure_ceilings)
+  nanoserve_*      preset:qwen2.5-0.5b, bf16: decode B=1/8/32/128, prefill 128-8192 tokens, offline
+                   256 requests (lengths uniform in 100-1024, seed 0, EOS ignored); *_eager_*: the
+                   same with enforce_eager (no CUDA graphs)
+  hf_*             HF transformers on the same weights: generate (decode, prefill, static batches
+                   offline), continuous batching (hf_continuous)
+Groups of sections run in child processes with time limits, so a hang or a broken CUDA context
+costs one group; the JSON is rewritten as results come in, and late sections are skipped.
+
+On a lent GPU (device tool `run`): the image's python3 already has torch, triton, transformers,
+pytest, pytest-xdist and hypothesis, so nothing is installed or carried. About 5-7 minutes:
+
+    run(command="export PYTHONUNBUFFERED=1; set -o pipefail; nvidia-smi -L; "
+                "python3 benchmarks/gpu_check.py --out $OUT/ 2>&1 | tee $OUT/gpu_check.log",
+        timeout_s=540)
+
+then copy gpu-<date>-<gpu>.json from files_at into benchmarks/results/. On a CPU (CI):
+
+    python benchmarks/gpu_check.py --dry-run --out /tmp/gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+GROUPS = {  # child process -> (its sections in order, time limit on a GPU in seconds)
+    "kernels": (["kernel_tests"], 150),
+    "check": (["equivalence", "ceilings"], 70),
+    "nanoserve": (["nanoserve_decode", "nanoserve_prefill", "nanoserve_offline",
+                   "nanoserve_eager_decode", "nanoserve_eager_offline"], 170),
+    "hf": (["hf_decode", "hf_prefill", "hf_offline_static"], 130),
+    "hf_cb": (["hf_continuous"], 90),
+}
+SECTIONS = [s for names, _ in GROUPS.values() for s in names]
+NEED_S = {"kernel_tests": 30, "equivalence": 10, "ceilings": 5, "nanoserve_decode": 15,  # least time
+          "nanoserve_prefill": 8, "nanoserve_offline": 25, "nanoserve_eager_decode": 15,  # worth starting
+          "nanoserve_eager_offline": 30, "hf_decode": 15, "hf_prefill": 8, "hf_offline_static": 40,
+          "hf_continuous": 30}
+SHAPES = {
+    "gpu": dict(model="preset:qwen2.5-0.5b", dtype="bfloat16", decode_batches=[1, 8, 32, 128],
+                decode_steps=64, prompt_len=128, prefill_lens=[128, 512, 2048, 8192], reps=3,
+                n_requests=256, len_range=(100, 1024), hf_batch=256, kv_bytes=16 << 30, max_seqs=256,
+                max_batched=8192, max_model_len=8448, graph_sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256]),
+    "dry": dict(model="preset:tiny", dtype="float32", decode_batches=[1, 4], decode_steps=4, prompt_len=16,
+                prefill_lens=[16, 48], reps=2, n_requests=6, len_range=(4, 16), hf_batch=4,
+                kv_bytes=64 << 20, max_seqs=16, max_batched=256, max_model_len=512, graph_sizes=[1, 2, 4],
+                kernel_k="constant_vector or known_angles"),  # Triton's interpreter: a small subset
+}
+
+
+def write_json(path: str, obj) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
+
+
+# ------------------------------------------------------------------ child process: the sections
+
+class Ctx:
+    """What sections share: shapes, device, deadline, cached models, and the figures recorded."""
+
+    def __init__(self, args):
+        import torch
+        self.torch, self.args, self.dry = torch, args, args.dry_run
+        self.S, self.dev = SHAPES["dry" if self.dry else "gpu"], "cpu" if self.dry else "cuda"
+        self.tmp = tempfile.mkdtemp(prefix="gpu_check_")
+        self.part, self.rec, self.cache = {}, None, {}
+
+    def fig(self, name: str, value, unit: str) -> None:
+        value = value if isinstance(value, bool) else float(f"{float(value):.6g}")
+        self.rec["figures"][name] = {"value": value, "unit": unit}
+        self.save()
+
+    def info(self, **kw) -> None:
+        self.rec["info"].update(kw)
+        self.save()
+
+    def save(self) -> None:
+        write_json(self.args.part, self.part)
+
+    def left(self) -> float:
+        return self.args.deadline - time.time()
+
+    def timed(self, fn) -> float:
+        """Seconds fn() takes, device work included."""
+        sync = self.torch.cuda.synchronize if self.dev == "cuda" else (lambda: None)
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t
+
+    def free(self, *keys) -> None:
+        import gc
+        for k in keys:
+            self.cache.pop(k, None)
+        gc.collect()
+        if self.dev == "cuda":
+            self.torch.cuda.empty_cache()
+
+    def prompts(self, n: int, length: int, seed: int) -> list[list[int]]:
+        from nanoserve.model import preset_config
+        rng, vocab = random.Random(seed), preset_config(self.S["model"].split(":", 1)[1]).vocab_size
+        return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
+
+    def workload(self) -> list[tuple[list[int], int]]:
+        """(prompt, output length) per request: both lengths uniform in len_range, seed 0."""
+        rng, (lo, hi) = random.Random(0), self.S["len_range"]
+        return [(self.prompts(1, rng.randint(lo, hi), rng.randrange(2**31))[0], rng.randint(lo, hi))
+                for _ in range(self.S["n_requests"])]
+
+    def llm(self, eager: bool):
+        if ("llm", eager) not in self.cache:
+            from nanoserve import LLM, EngineConfig
+            self.free(("llm", not eager))
+            S = self.S
+            cfg = EngineConfig(block_size=16, kv_cache_memory=S["kv_bytes"], max_num_seqs=S["max_seqs"],
+                               max_num_batched_tokens=S["max_batched"], max_model_len=S["max_model_len"],
+                               enable_prefix_caching=False, cuda_graph_batch_sizes=S["graph_sizes"],
+                               enforce_eager=eager)
+            self.cache["llm", eager] = LLM(S["model"], device=self.dev, dtype=S["dtype"], seed=0, config=cfg)
+        return self.cache["llm", eager]
+
+    def hf(self):
+        """HF transformers holding nanoserve's preset weights (written by save_hf_checkpoint)."""
+        if "hf" not in self.cache:
+            from transformers import AutoModelForCausalLM
+
+            from nanoserve.model import load_model, save_hf_checkpoint
+            folder = os.path.join(self.tmp, "hf-preset")
+            save_hf_checkpoint(load_model(self.S["model"], "cpu", self.S["dtype"], seed=0)[0], folder)
+            self.cache["hf"] = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=getattr(self.torch, self.S["dtype"]), attn_implementation="sdpa")
+            self.cache["hf"].to(self.dev).eval()
+        return self.cache["hf"]
+
+
+def sec_kernel_tests(ctx):
+    import xml.etree.ElementTree as ET
+    xml = os.path.join(ctx.tmp, "k.xml")
+    cmd = [sys.executable, "-m", "pytest", "tests/kernels", "-q", "-p", "no:cacheprovider", "--junitxml", xml]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    if ctx.dry:
+        cmd += ["-k", ctx.S["kernel_k"]]
+        env["TRITON_INTERPRET"] = "1"
+    elif importlib.util.find_spec("xdist"):  # Triton compiles dominate: spread them over CPU cores
+        cmd += ["-n", "4"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(9, ctx.left() - 3))
+    root = ET.parse(xml).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    for name, value in [("passed", n["tests"] - n["failures"] - n["errors"] - n["skipped"]),
+                        ("failed", n["failures"]), ("errors", n["errors"]), ("skipped", n["skipped"])]:
+        ctx.fig(name, value, "tests")
+    bad = [f"{c.get('classname')}::{c.get('name')}" for c in suite.iter("testcase")
+           if c.find("failure") is not None or c.find("error") is not None]
+    ctx.info(returncode=p.returncode, failing=bad[:30], output_tail=(p.stdout + p.stderr)[-3000:])
+
+
+def tiny_hf_model(arch: str, folder: str):
+    import torch
+    import transformers
+    cls = {"llama": "Llama", "qwen2": "Qwen2"}[arch]
+    cfg = getattr(transformers, f"{cls}Config")(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, eos_token_id=None, bos_token_id=None,
+        tie_word_embeddings=arch == "qwen2")
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{cls}ForCausalLM")(cfg).eval()
+    with torch.no_grad():  # HF initialises norms and biases trivially: randomise them
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def nanoserve_logits(llm, tokens: list[int]):
+    """Logits at every position of one prompt prefilled in one pass. -> (len, vocab) fp32."""
+    import torch
+
+    from nanoserve import SamplingParams
+    from nanoserve.request import Request
+    from nanoserve.scheduler import ScheduledSeq
+    runner, kv, params = llm.engine.executor, llm.engine.kv_manager, SamplingParams(max_tokens=1)
+    req = Request("probe", tokens, params, 0.0, 10**6)
+    assert kv.allocate_slots(req, len(tokens))
+    ids, pos, attn, _ = runner.prepare([ScheduledSeq("probe", tokens, 0, kv.block_ids("probe"), True, params,
+                                                     False)])
+    with torch.inference_mode():
+        logits = runner.model.compute_logits(runner.model(ids, pos, runner.kv_caches, attn)).float()
+    kv.free(req)
+    return logits
+
+
+def sec_equivalence(ctx):
+    import torch
+
+    from nanoserve import LLM, EngineConfig, SamplingParams
+    dev, n_new, all_equal = ctx.dev, 12 if ctx.dry else 32, True
+    prompts = [[5, 9, 2], list(range(20, 120)), [300, 1, 7, 7, 7, 42, 8, 100, 99], [11]]  # 100: chunked
+    variants = [("graphs", False), ("eager", True)] if dev == "cuda" else [("reference", True)]
+    for arch in ("llama", "qwen2"):
+        folder = os.path.join(ctx.tmp, f"tiny-{arch}")
+        hf = tiny_hf_model(arch, folder).to(dev)
+        with torch.no_grad():
+            refs = [hf.generate(torch.tensor([p], device=dev), max_new_tokens=n_new, min_new_tokens=n_new,
+                                do_sample=False)[0, len(p):].tolist() for p in prompts]
+        for name, eager in variants:
+            llm = LLM(folder, device=dev, dtype="float32", config=EngineConfig(
+                block_size=8, num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=64,
+                cuda_graph_batch_sizes=[1, 2, 4, 8], enforce_eager=eager))
+            outs = llm.generate(prompts, SamplingParams(max_tokens=n_new, temperature=0.0))
+            got = [o.token_ids for o in outs]
+            equal = sum(g == r for g, r in zip(got, refs))
+            all_equal &= equal == len(prompts)
+            ctx.fig(f"{arch}_{name}_equal_sequences", equal, f"of {len(prompts)} sequences")
+            ctx.fig(f"{arch}_{name}_matching_tokens",
+                    sum(a == b for g, r in zip(got, refs) for a, b in zip(g, r)) / (n_new * len(prompts)),
+                    "fraction")
+            if equal < len(prompts):
+                ctx.info(**{f"{arch}_{name}_mismatch": [(g, r) for g, r in zip(got, refs) if g != r][:2]})
+        if arch == "llama":  # bf16 logits, as info: nanoserve and HF each against HF fp32
+            toks = torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(1)).tolist()
+            with torch.no_grad():
+                ref = hf(torch.tensor([toks], device=dev)).logits[0].float()
+                hf16 = hf.to(torch.bfloat16)(torch.tensor([toks], device=dev)).logits[0].float()
+            ours = nanoserve_logits(LLM(folder, device=dev, dtype="bfloat16", config=EngineConfig(
+                block_size=8, num_kv_blocks=64, enforce_eager=True)), toks)
+            rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()
+            ctx.fig("bf16_logits_rel_err_nanoserve", rel(ours, ref), "max|err| / max|fp32 logit|")
+            ctx.fig("bf16_logits_rel_err_hf", rel(hf16, ref), "max|err| / max|fp32 logit|")
+            agree = (ours.argmax(-1) == hf16.argmax(-1)).float().mean()
+            ctx.fig("bf16_argmax_agreement_nanoserve_vs_hf", agree, "fraction")
+    ctx.fig("greedy_equal", all_equal, "bool")
+
+
+def sec_ceilings(ctx):
+    import torch
+    try:
+        from nanoserve.roofline import measure_ceilings
+        c = measure_ceilings(ctx.dev, dtypes=("float32", "bfloat16"), quick=ctx.dry)
+        ctx.fig("copy_bandwidth", c.copy_bandwidth / 1e9, "GB/s (read + written)")
+        ctx.fig("weight_read_bandwidth_fp32_b1", c.weight_read_bandwidth / 1e9, "GB/s")
+        for dt, flops in c.peak_flops.items():
+            ctx.fig(f"matmul_{dt}", flops / 1e12, "TFLOP/s")
+        return ctx.info(source="nanoserve.roofline.measure_ceilings", device_name=c.device_name)
+    except Exception as e:  # roofline.py changed under us: measure here
+        ctx.info(roofline_error=f"{type(e).__name__}: {e}", source="fallback: 10 ops in a row, median of 5")
+    n, m = (64 << 20, 512) if ctx.dry else (1 << 30, 8192)
+    src, a, b = (torch.rand(n // 4, device=ctx.dev),
+                 *(torch.randn(m, m, device=ctx.dev, dtype=torch.bfloat16) for _ in range(2)))
+    dst = torch.empty_like(src)
+    copy_unit = "GB/s (read + written)"
+    for name, fn, work, unit in [("copy_bandwidth", lambda: dst.copy_(src), 2 * n / 1e9, copy_unit),
+                                 ("matmul_bfloat16", lambda: a @ b, 2 * m**3 / 1e12, "TFLOP/s")]:
+        times = [ctx.timed(lambda: [fn() for _ in range(10)]) for _ in range(6)][1:]
+        ctx.fig(name, 10 * work / statistics.median(times), unit)
+
+
+def decode_sweep(ctx, step_times, note: str):
+    """step_times(prompts, n_tokens) -> seconds of each full-batch decode step; figures per batch."""
+    S = ctx.S
+    ctx.info(prompt_len=S["prompt_len"], decode_steps=S["decode_steps"], timing=note)
+    step_times(ctx.prompts(2, S["prompt_len"], 99), 4)  # warm-up
+    for B in S["decode_batches"]:
+        if ctx.left() < 10:
+            return ctx.info(skipped_batches=[b for b in S["decode_batches"] if b >= B])
+        steps = step_times(ctx.prompts(B, S["prompt_len"], B), S["decode_steps"] + 3)
+        itl = statistics.median(steps[2:] or steps)
+        ctx.fig(f"decode_B{B}_tokens_per_s", B / itl, "tokens/s")
+        ctx.fig(f"decode_B{B}_itl", itl * 1e3, "ms")
+
+
+def prefill_sweep(ctx, run_one, note: str):
+    """run_one(prompt) answers one prompt with one token: median wall time over fresh prompts."""
+    ctx.info(timing=note)
+    for P in ctx.S["prefill_lens"]:
+        times = [ctx.timed(lambda: run_one(p)) for p in ctx.prompts(ctx.S["reps"] + 1, P, P)][1:]
+        ctx.fig(f"prefill_{P}_time", statistics.median(times) * 1e3, "ms")
+        ctx.fig(f"prefill_{P}_tokens_per_s", P / statistics.median(times), "tokens/s")
+
+
+def throughput(ctx, seconds: float, reqs, n_out: int, **info) -> None:
+    n_in = sum(len(p) for p, _ in reqs)
+    ctx.fig("offline_time", seconds, "s")
+    ctx.fig("offline_requests_per_s", len(reqs) / seconds, "requests/s")
+    ctx.fig("offline_output_tokens_per_s", n_out / seconds, "tokens/s")
+    ctx.fig("offline_total_tokens_per_s", (n_in + n_out) / seconds, "tokens/s (input + output)")
+    ctx.info(requests=len(reqs), input_tokens=n_in, output_tokens=n_out, **info)
+
+
+def nanoserve_decode(ctx, eager: bool):
+    from nanoserve import SamplingParams
+    llm = ctx.llm(eager)
+
+    def step_times(prompts, n):
+        llm.engine.trace.clear()
+        llm.generate(prompts, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+        return [r.duration for r in llm.engine.trace if r.num_prefill_tokens == 0
+                and r.num_decode_tokens == len(prompts)]
+    graphs = llm.engine.executor.graphs
+    ctx.info(cuda_graphs=bool(graphs is not None and graphs.enabled))
+    decode_sweep(ctx, step_times, "median wall time of an engine step decoding the whole batch")
+
+
+def nanoserve_offline(ctx, eager: bool):
+    from nanoserve import SamplingParams
+    llm, reqs = ctx.llm(eager), ctx.workload()
+    params = [SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True) for _, o in reqs]
+    llm.engine.trace.clear()
+    stats, steps0, pre0, outs = llm.engine.stats, llm.engine.stats.steps, llm.engine.stats.preemptions, []
+    dt = ctx.timed(lambda: outs.extend(llm.generate([p for p, _ in reqs], params)))
+    n_out = sum(len(o.token_ids) for o in outs)
+    assert n_out == sum(o for _, o in reqs), "an output is shorter than asked for (EOS is ignored)"
+    throughput(ctx, dt, reqs, n_out, steps=stats.steps - steps0, preemptions=stats.preemptions - pre0)
+
+
+def sec_nanoserve_prefill(ctx):
+    from nanoserve import SamplingParams
+    llm, one = ctx.llm(False), SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    prefill_sweep(ctx, lambda p: llm.generate([p], one), "generate(one prompt, max_tokens=1): TTFT, median")
+
+
+def sec_hf_decode(ctx):
+    import torch
+    from transformers import LogitsProcessorList
+    hf, stamps = ctx.hf(), []
+
+    def stamp(input_ids, scores):  # a logits processor: called once per step
+        ctx.timed(lambda: None)  # synchronizes
+        stamps.append(time.perf_counter())
+        return scores
+
+    def step_times(prompts, n):
+        stamps.clear()
+        ids = torch.tensor(prompts, device=ctx.dev)
+        with torch.no_grad():
+            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                        do_sample=False, pad_token_id=0, logits_processor=LogitsProcessorList([stamp]))
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+    decode_sweep(ctx, step_times, "median time between generate steps (logits-processor stamps)")
+
+
+def sec_hf_prefill(ctx):
+    import torch
+    hf = ctx.hf()
+    with torch.no_grad():
+        prefill_sweep(ctx, lambda p: hf.generate(torch.tensor([p], device=ctx.dev), max_new_tokens=1,
+                                                 do_sample=False, pad_token_id=0),
+                      "generate(one prompt, max_new_tokens=1): TTFT, median")
+
+
+def sec_hf_offline_static(ctx):
+    import torch
+    hf, reqs, bs = ctx.hf(), ctx.workload(), ctx.S["hf_batch"]
+
+    def run():  # arrival order; left-padded; each batch runs until its longest output is done
+        for i in range(0, len(reqs), bs):
+            batch = reqs[i:i + bs]
+            L, n = max(len(p) for p, _ in batch), max(o for _, o in batch)
+            ids = torch.tensor([[0] * (L - len(p)) + p for p, _ in batch], device=ctx.dev)
+            mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p, _ in batch], device=ctx.dev)
+            hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                        pad_token_id=0)
+    with torch.no_grad():
+        dt = ctx.timed(run)
+    throughput(ctx, dt, reqs, sum(o for _, o in reqs), batch_size=bs,
+               note="output tokens: each request's own length (tokens past it are waste)")
+
+
+def sec_hf_continuous(ctx):
+    import torch
+    from transformers import GenerationConfig
+    hf, reqs, done = ctx.hf(), ctx.workload(), {}
+    gc = GenerationConfig(do_sample=False, max_new_tokens=max(o for _, o in reqs), pad_token_id=0)
+    try:
+        from transformers import ContinuousBatchingConfig
+        small = dict(num_blocks=16, max_batch_tokens=256) if ctx.dry else {}  # its static tensors, on CPU
+        cbc = ContinuousBatchingConfig(max_requests_per_batch=min(len(reqs), ctx.S["max_seqs"]), **small)
+    except (ImportError, TypeError):
+        cbc = None
+    t0 = time.perf_counter()
+    with torch.no_grad(), hf.continuous_batching_context_manager(  # its warm-up captures CUDA graphs
+            generation_config=gc, continuous_batching_config=cbc, block=True, timeout=10,
+            warmup=not ctx.dry) as manager:
+        t = time.perf_counter()
+        ctx.info(warmup_s=round(t - t0, 2))
+        for i, (p, o) in enumerate(reqs):
+            manager.add_request(p, request_id=f"r{i}", max_new_tokens=o)
+        while len(done) < len(reqs):
+            if ctx.left() < 3:
+                raise TimeoutError(f"{len(done)}/{len(reqs)} requests had finished when time ran out")
+            r = manager.get_result(timeout=1)
+            if r is not None and r.is_finished():
+                done[r.request_id] = r
+            elif r is None and not manager.is_running():
+                raise RuntimeError(f"its generation thread stopped; {len(done)}/{len(reqs)} finished")
+        dt = time.perf_counter() - t
+    throughput(ctx, dt, reqs, sum(len(r.generated_tokens) for r in done.values()),
+               failed=sum(r.error is not None for r in done.values()))
+
+
+SECTION_FNS = {
+    "kernel_tests": sec_kernel_tests, "equivalence": sec_equivalence, "ceilings": sec_ceilings,
+    "nanoserve_decode": lambda c: nanoserve_decode(c, False), "nanoserve_prefill": sec_nanoserve_prefill,
+    "nanoserve_offline": lambda c: nanoserve_offline(c, False),
+    "nanoserve_eager_decode": lambda c: nanoserve_decode(c, True),
+    "nanoserve_eager_offline": lambda c: nanoserve_offline(c, True), "hf_decode": sec_hf_decode,
+    "hf_prefill": sec_hf_prefill, "hf_offline_static": sec_hf_offline_static,
+    "hf_continuous": sec_hf_continuous,
+}
+
+
+def run_child(args) -> int:
+    ctx = Ctx(args)
+    for name in GROUPS[args.child][0]:
+        ctx.rec = ctx.part[name] = {"status": "running", "reason": None, "figures": {}, "info": {}}
+        need = 1 if ctx.dry else NEED_S[name]
+        if ctx.left() < need:
+            ctx.rec.update(status="skipped", reason=f"time budget: {ctx.left():.0f} s left, needs ~{need} s")
+            ctx.save()
+            continue
+        print(f"[gpu_check] {name} ...", flush=True)
+        t = time.time()
+        try:
+            SECTION_FNS[name](ctx)
+            ok = bool(ctx.rec["figures"])
+            ctx.rec.update(status="ok" if ok else "error", reason=None if ok else "no figures recorded")
+        except Exception as e:
+            ctx.rec.update(status="error", reason=f"{type(e).__name__}: {e}"[:600],
+                           traceback=traceback.format_exc()[-2500:])
+        ctx.rec["seconds"] = round(time.time() - t, 2)
+        print(f"[gpu_check] {name}: {ctx.rec['status']} in {ctx.rec['seconds']} s", flush=True)
+        ctx.save()
+        ctx.free()
+    shutil.rmtree(ctx.tmp, ignore_errors=True)
+    return 0
+
+
+# ------------------------------------------------------------------ parent process: orchestration
+
+def shell(cmd: list[str]) -> str:
+    """A command's stdout, stripped; '' when the command is missing or fails."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def environment() -> dict:
+    import importlib.metadata as md
+
+    import torch
+    env = {"python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+           "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+           "cuda_available": torch.cuda.is_available(),
+           "float32_matmul_precision": torch.get_float32_matmul_precision(), "gpu": None, "driver": None,
+           "git_commit": shell(["git", "-C", ROOT, "rev-parse", "HEAD"]) or None}
+    for pkg in ("triton", "transformers", "numpy", "safetensors", "pytest", "hypothesis"):
+        try:
+            env[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            env[pkg] = None
+    q = ("name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,"
+         "power.draw,power.limit")
+    rows = shell(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"]).splitlines()
+    if rows:
+        env["nvidia_smi"] = dict(zip(q.split(","), (v.strip() for v in rows[0].split(","))))
+        env["gpu"], env["driver"] = env["nvidia_smi"]["name"], env["nvidia_smi"]["driver_version"]
+    return env
+
+
+def summary(sections: dict) -> dict:
+    """Ratios of one section's figure over another's (x), where both were measured."""
+    pairs = {f"offline_nanoserve_over_{b}": ("nanoserve_offline", b, "offline_total_tokens_per_s")
+             for b in ("hf_offline_static", "hf_continuous", "nanoserve_eager_offline")}
+    for B in sorted({*SHAPES["gpu"]["decode_batches"], *SHAPES["dry"]["decode_batches"]}):
+        for b in ("hf_decode", "nanoserve_eager_decode"):
+            pairs[f"decode_B{B}_nanoserve_over_{b}"] = ("nanoserve_decode", b, f"decode_B{B}_tokens_per_s")
+    value = lambda sec, fig: sections.get(sec, {}).get("figures", {}).get(fig, {}).get("value")
+    return {name: {"value": float(f"{value(a, fig) / value(b, fig):.4g}"), "unit": "x"}
+            for name, (a, b, fig) in pairs.items() if value(a, fig) and value(b, fig)}
+
+
+def print_table(result: dict) -> None:
+    env = result["env"]
+    print(f"\n== gpu_check {result['date']}  gpu={env.get('gpu')}  driver={env.get('driver')}  "
+          f"torch={env.get('torch')} (CUDA {env.get('torch_cuda')})  triton={env.get('triton')}  "
+          f"transformers={env.get('transformers')}  dry_run={result['dry_run']}")
+    print(f"{'section':<24}{'figure':<44}{'value':>12}  unit")
+    rows = [*result["sections"].items(), ("summary", {"status": "ok", "figures": result["summary"]})]
+    for name, sec in rows:
+        if sec["status"] != "ok":
+            print(f"{name:<24}{sec['status'].upper()}: {str(sec.get('reason'))[:120]}")
+            continue
+        for fig, v in sec["figures"].items():
+            value = v["value"] if isinstance(v["value"], bool) else format(v["value"], ".4g")
+            print(f"{name:<24}{fig:<44}{value!s:>12}  {v['unit']}")
+    print(f"elapsed {result['elapsed_s']} s of a {result['budget_s']} s budget -> {result['out']}")
+
+
+def run_parent(args) -> int:
+    t0, now = time.time(), datetime.now(timezone.utc)
+    result = {"schema": 1, "date": now.isoformat(timespec="seconds"), "dry_run": args.dry_run,
+              "budget_s": args.budget_s, "env": {}, "sections": {}, "summary": {}}
+    try:
+        result["env"] = environment()
+    except Exception as e:
+        result["env"] = {"error": f"{type(e).__name__}: {e}"}
+    gpu = result["env"].get("gpu") or ("cpu-dry-run" if args.dry_run else "no-gpu")
+    name = f"gpu-{now:%Y-%m-%d}-{re.sub(r'[^a-z0-9]+', '-', gpu.lower()).strip('-')}.json"
+    out = args.out or os.path.join(ROOT, "benchmarks", "results", name)
+    out = result["out"] = os.path.join(out, name) if out.endswith(os.sep) or os.path.isdir(out) else out
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    for group, (names, cap) in GROUPS.items():
+        left = t0 + args.budget_s - time.time()
+        limit = min(180 if args.dry_run else cap, left)
+        part = os.path.join(tempfile.gettempdir(), f"gpu_check_{os.getpid()}_{group}.json")
+        rc = "not started: the time budget was spent"
+        if limit >= 5:
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", group, "--part", part,
+                   "--deadline", str(time.time() + limit)] + ["--dry-run"] * args.dry_run
+            proc = subprocess.Popen(cmd, start_new_session=True)  # own process group: a kill takes pytest too
+            try:
+                rc = f"exit {proc.wait(timeout=limit + 20)}"
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = f"killed after {limit + 20:.0f} s"
+        secs = {}
+        if os.path.exists(part):
+            with open(part) as f:
+                secs = json.load(f)
+            os.remove(part)
+        for n in names:
+            sec = secs.get(n) or {"status": "skipped", "figures": {}, "info": {},
+                                  "reason": f"its group's process ended before it ({rc})"}
+            if sec["status"] == "running":
+                sec.update(status="error", reason=f"its process ended while it ran ({rc}); partial figures")
+            result["sections"][n] = sec
+        result["elapsed_s"] = round(time.time() - t0, 1)
+        write_json(out, result)
+    result["summary"] = summary(result["sections"])
+    write_json(out, result)
+    print_table(result)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="JSON file, or a folder for gpu-<date>-<gpu>.json "
+                                   "(default: benchmarks/results/gpu-<date>-<gpu>.json)")
+    ap.add_argument("--budget-s", type=float, default=450.0, help="seconds for the run; late sections skip")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, preset:tiny, tiny shapes, reference kernels")
+    ap.add_argument("--child", choices=list(GROUPS), help=argparse.SUPPRESS)
+    ap.add_argument("--part", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    return run_child(args) if args.child else run_parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

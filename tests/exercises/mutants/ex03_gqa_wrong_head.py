@@ -1,0 +1,21 @@
+"""Query head h reads kv head h % num_kv_heads instead of h // group."""
+import torch
+import torch.nn.functional as F
+
+from solutions.ex02_paged_kv import gather_kv
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                    query_start_loc_cpu=None, seq_lens_cpu=None):
+    qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
+    group = q.shape[1] // k_cache.shape[2]
+    out = torch.empty_like(q)
+    for b, L in enumerate(lens):
+        s, n = qsl[b], qsl[b + 1] - qsl[b]
+        k = gather_kv(k_cache, block_tables[b], L).transpose(0, 1).repeat(group, 1, 1)  # tiles heads
+        v = gather_kv(v_cache, block_tables[b], L).transpose(0, 1).repeat(group, 1, 1)
+        mask = torch.ones(n, L, dtype=torch.bool).tril(L - n)
+        o = F.scaled_dot_product_attention(q[s:s + n].transpose(0, 1), k.to(q.dtype), v.to(q.dtype),
+                                           attn_mask=mask, scale=scale)
+        out[s:s + n] = o.transpose(0, 1)
+    return out

@@ -1,0 +1,61 @@
+"""nanoserve.grade: the plug helpers, the junit parsing and the score table (fast, no subprocess)."""
+
+import pytest
+
+from nanoserve import grade
+from nanoserve.kernels import reference
+
+
+def test_kernel_ops_replaces_only_what_is_named():
+    def mine(*args, **kwargs):
+        return None
+    ops = grade.kernel_ops(paged_attention=mine)
+    assert ops.paged_attention is mine and ops.rms_norm is reference.rms_norm
+    with pytest.raises(ValueError, match="attention"):
+        grade.kernel_ops(attention=mine)
+
+
+def test_use_kernels_reaches_every_layer():
+    from exercise_checks import make_engine
+    engine = make_engine()
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return reference.paged_attention(*args, **kwargs)
+    ops = grade.use_kernels(engine, paged_attention=counting)
+    holders = [m for m in engine.model.modules() if "ops" in vars(m)]
+    assert holders and all(m.ops is ops for m in holders)
+    engine.add_request([1, 2, 3])
+    engine.step()
+    assert len(calls) == engine.model_config.num_hidden_layers
+
+
+def test_junit_parsing_and_score_table(tmp_path):
+    report = tmp_path / "r.xml"
+    report.write_text("""<testsuites><testsuite>
+      <testcase classname="tests.exercises.test_ex02_paged_kv" name="test_blocks_needed"/>
+      <testcase classname="tests.exercises.test_ex02_paged_kv" name="test_write_kv[dtype0]"/>
+      <testcase classname="tests.exercises.test_ex02_paged_kv" name="test_write_kv[dtype1]">
+        <failure message="AssertionError: slot -1 was written&#10;assert False">trace</failure></testcase>
+      <testcase classname="tests.exercises.test_ex07_metrics" name="test_tpot">
+        <properties><property name="mutant" value="ex07_x"/></properties>
+        <error message="NotImplementedError: ex07: write tpot">trace</error></testcase>
+      <testcase classname="tests.test_other" name="test_not_graded"/>
+    </testsuite></testsuites>""")
+    cases = grade._parse_junit(report)
+    assert [(c.exercise, c.task, c.outcome) for c in cases] == [
+        ("ex02", "blocks_needed", "passed"), ("ex02", "write_kv", "passed"), ("ex02", "write_kv", "failed"),
+        ("ex07", "tpot", "failed")]
+    assert cases[2].message == "slot -1 was written" and cases[3].mutant == "ex07_x"
+    table = grade.score_table(cases, {"ex02": "Exercise 2: the paged KV cache"})
+    assert "Exercise 2: the paged KV cache" in table and "1/2" in table
+    assert "FAIL  write kv (1/2 cases)" in table and "slot -1 was written" in table
+    assert table.splitlines()[-1].split()[-2:] == ["1/3", "tasks"]
+
+
+def test_exercise_titles_and_unknown_exercise(capsys):
+    titles = grade.exercise_titles(grade.repo_root())
+    assert titles["ex04"].startswith("Exercise 4: a continuous-batching scheduler")
+    assert grade.main(["ex42"]) == 2
+    assert "no graded tests for ['ex42']" in capsys.readouterr().err

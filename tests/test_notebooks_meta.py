@@ -1,0 +1,102 @@
+"""The lessons' form, for every notebooks/NN_*.ipynb: committed without outputs (except the
+reference output of `# NBVAL_CHECK_OUTPUT` cells, which nbval compares), slide metadata on every
+cell, a title, a summary, a "check yourself" question and the exercise that goes with it,
+thin code cells, and a reveal.js deck that builds. Running them is nbval's job
+(`pytest --nbval-lax notebooks/`)."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+ROOT = Path(__file__).parent.parent
+SLIDE_TYPES = {"slide", "subslide", "fragment", "-", "skip", "notes"}
+CHECK = "# NBVAL_CHECK_OUTPUT"
+MAX_CODE_LINES = 15  # "a cell is a few lines": logic belongs in nanoserve/
+
+pytestmark = pytest.mark.skipif(not NOTEBOOKS, reason="no notebooks yet")
+
+
+def load(path):
+    return nbformat.read(path, as_version=4)
+
+
+def markdown(nb) -> str:
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def nb_path(request):
+    return request.param
+
+
+def test_valid_notebook(nb_path):
+    nbformat.validate(load(nb_path))
+
+
+def test_numbers_are_unique():
+    numbers = [p.name[:2] for p in NOTEBOOKS]
+    assert len(numbers) == len(set(numbers)), f"two notebooks share a number: {numbers}"
+
+
+def test_committed_without_outputs(nb_path):
+    """Only checked cells keep an output (their reference), and they must keep one with an
+    execution count, or nbval silently skips the comparison. Clean with
+    scripts/clean_notebooks.py."""
+    for i, cell in enumerate(load(nb_path).cells):
+        if cell.cell_type != "code":
+            continue
+        if CHECK in cell.source:
+            assert cell.outputs and cell.execution_count is not None, (
+                f"{nb_path.name} cell {i} is marked {CHECK} but has no reference output; run the "
+                "notebook in quick mode and keep that cell's output (scripts/clean_notebooks.py)")
+        else:
+            assert not cell.outputs and cell.execution_count is None, (
+                f"{nb_path.name} cell {i} has outputs; run scripts/clean_notebooks.py {nb_path}")
+
+
+def test_every_cell_has_slide_metadata(nb_path):
+    for i, cell in enumerate(load(nb_path).cells):
+        kind = cell.metadata.get("slideshow", {}).get("slide_type")
+        assert kind in SLIDE_TYPES, f"{nb_path.name} cell {i}: slide_type {kind!r} not in {SLIDE_TYPES}"
+
+
+def test_title_summary_check_yourself_exercise(nb_path):
+    nb = load(nb_path)
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith(f"# {nb_path.name[:2]}"), (
+        f"{nb_path.name}: the first cell should be a markdown title '# {nb_path.name[:2]} ...'")
+    assert first.metadata["slideshow"]["slide_type"] == "slide"
+    text = markdown(nb)
+    assert re.search(r"^#+ Summary", text, re.M | re.I), f"{nb_path.name}: no '## Summary' heading"
+    assert re.search(r"check yourself", text, re.I), f"{nb_path.name}: no 'check yourself' question"
+    exercises = re.findall(r"exercises/(ex(\d\d)_\w+)\.py", text)
+    assert exercises, f"{nb_path.name}: links no exercise (exercises/exNN_name.py)"
+    for name, number in exercises:
+        assert (ROOT / "exercises" / f"{name}.py").exists(), f"{nb_path.name}: exercises/{name}.py missing"
+        assert f"grade ex{number}" in text, (
+            f"{nb_path.name}: say how exercises/{name}.py is graded: `python -m nanoserve grade ex{number}`")
+
+
+def test_code_cells_are_thin(nb_path):
+    """Notebooks narrate and call nanoserve; they define no functions or classes."""
+    for i, cell in enumerate(load(nb_path).cells):
+        if cell.cell_type != "code":
+            continue
+        lines = [line for line in cell.source.splitlines() if line.strip()]
+        assert len(lines) <= MAX_CODE_LINES, (
+            f"{nb_path.name} cell {i} has {len(lines)} lines; move the logic into nanoserve/")
+        assert not re.search(r"^\s*(def|class)\s", cell.source, re.M), (
+            f"{nb_path.name} cell {i} defines a function or class; put it in nanoserve/")
+
+
+def test_a_deck_builds():
+    """`make slides` runs `jupyter nbconvert --to slides`; one deck is enough to test."""
+    from nbconvert import SlidesExporter
+    nb = load(NOTEBOOKS[0])
+    html, _ = SlidesExporter().from_notebook_node(nb)
+    slides = sum(c.metadata["slideshow"]["slide_type"] == "slide" for c in nb.cells)
+    assert "reveal" in html.lower()
+    assert html.count("<section") >= slides
