@@ -183,7 +183,8 @@ def compute_figures(raw: dict, sz: dict, floor_s: float) -> dict[str, float]:
     n = sz["b1"][1]
     if "b1_n" in raw:
         itl = med((a - b) / (n - 1) for a, b in zip(raw["b1_n"], raw["b1_1"]))
-        fig["b1_decode"], fig["b1_floor_pct"] = 1 / itl, 100 * floor_s / itl
+        if itl > 0:  # noise can make t_N < t_1 on a busy machine with few tokens (--quick)
+            fig["b1_decode"], fig["b1_floor_pct"] = 1 / itl, 100 * floor_s / itl
     for p in sz["prefill"]:
         if f"prefill_{p}" in raw:
             fig[f"prefill_{p}"] = p / med(raw[f"prefill_{p}"])

@@ -57,9 +57,10 @@ class CostModel:
     combine: str = "max"  # "max" (roofline) or "sum" (fitted)
     dtype: str = "bfloat16"
     label: str = ""  # where the numbers come from
-    # measured noise (calibrate): each simulated step adds one of these residuals (seconds),
-    # drawn at random, but never runs faster than min_ratio of its modelled time
-    residuals: tuple[float, ...] = field(default=(), repr=False)
+    # measured noise (calibrate): each simulated step adds a residual (seconds) drawn at random
+    # from those of its kind, "decode" (decode-only steps) or "prefill" (any prefill token),
+    # but never runs faster than min_ratio of its modelled time. Empty: no noise.
+    residuals: dict[str, tuple[float, ...]] = field(default_factory=dict, repr=False)
     min_ratio: float = 0.0
 
     def __post_init__(self):
@@ -137,7 +138,8 @@ class SimExecutor:
         cm = self.cost_model
         t = cm.step_time(step_cost(self.cfg, batch, self.dtype_bytes), len(batch))
         if cm.residuals:
-            t = max(t + self.rng.choice(cm.residuals), t * cm.min_ratio)
+            noise = cm.residuals["prefill" if out.num_prefill_tokens else "decode"]
+            t = max(t + self.rng.choice(noise), t * cm.min_ratio)
         self.clock.now += t
         return {s.request_id: self.token for s in out.seqs if s.sample}
 
@@ -294,9 +296,10 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
     step). The fit minimises the absolute *relative* error (least squares reweighted towards
     least absolute deviation, coefficients kept >= 0): short decode steps count as much as
     long prefills, and the fit follows the typical step rather than the noise, which on a
-    shared machine only ever slows steps down. The residuals (measured minus fitted seconds)
-    stay with the model: the simulator adds one to each step, so its tails carry this
-    machine's noise (replace(cost_model, residuals=()) for a noiseless model).
+    shared machine only ever slows steps down. The residuals (measured minus fitted seconds,
+    kept apart for decode-only steps and steps with prefill, whose noise differs) stay with
+    the model: the simulator adds one to each step, so its tails carry this machine's noise
+    (replace(cost_model, residuals={}) for a noiseless model).
     """
     if len(trace) < 5:
         raise ValueError(f"calibrating needs at least 5 steps of trace, got {len(trace)}")
@@ -317,7 +320,12 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
         w = 1 / np.sqrt(np.maximum(np.abs(a @ coef - 1), 1e-3))
     coef = coef / scale
     pred = x @ coef
-    cm = CostModel(*coef, combine="sum", dtype=dtype, label=label,
-                   residuals=tuple((t - pred).tolist()), min_ratio=float((t / pred).min()))
-    rel = np.abs(pred - t) / t
+    res = t - pred
+    prefill = np.asarray([s.num_prefill_tokens > 0 for s in trace])
+    # a kind the run never had borrows the other's residuals
+    residuals = {k: tuple((res[m] if m.any() else res).tolist())
+                 for k, m in (("prefill", prefill), ("decode", ~prefill))}
+    cm = CostModel(*coef, combine="sum", dtype=dtype, label=label, residuals=residuals,
+                   min_ratio=float((t / pred).min()))
+    rel = np.abs(res) / t
     return Calibration(cm, float(np.median(rel)), float(100 * rel.mean()), host_gap, t, pred)

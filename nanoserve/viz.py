@@ -175,10 +175,10 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000):
     b.loglog(xs[~inside], fit.predict(xs[~inside]), "k--", label="fit, extrapolated")
     b.loglog(xs, fit.fixed + fit.per_token * xs, color="tab:green", lw=1, label="linear part alone")
     b.loglog(L, t, "ko", ms=4, label="measured")
-    for n in (300, extrapolate_to):
+    for n, offset, va in ((300, (-8, 6), "bottom"), (extrapolate_to, (-8, -4), "top")):
         b.plot([n], [fit.predict(n)], "s", color="tab:red", ms=6)
         b.annotate(f"{n} tokens: {float(fit.predict(n)):.3g} s", (n, fit.predict(n)),
-                   textcoords="offset points", xytext=(-10, 8), ha="right", fontsize=8)
+                   textcoords="offset points", xytext=offset, ha="right", va=va, fontsize=8)
     b.set_xlabel("prompt length (tokens, log scale)")
     b.set_ylabel("prefill time (s, log scale)")
     b.legend(fontsize=8, loc="upper left")

@@ -387,7 +387,7 @@ def main() -> None:
         "train_min": round(train_min, 2), "total_min": round((time.time() - t_start) / 60, 2),
         "machine": cpu_name(), "torch": torch.__version__,
         "sample_prompt": prompt, "sample": text,
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "args": {k: v for k, v in vars(args).items() if k not in ("out", "data_dir", "card_only")},
     }
     (out / "eval.json").write_text(json.dumps(rec, indent=2) + "\n")
     write_card(out, rec)

@@ -157,6 +157,7 @@ def load_peers():
     return module
 
 
+@pytest.mark.slow
 def test_peers_quick_smoke(tmp_path, monkeypatch):
     """nanoserve alone, fp32, quick sizes: every figure and the report files (timings not judged)."""
     from dataclasses import asdict

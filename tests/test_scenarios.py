@@ -1,0 +1,180 @@
+"""The measurements behind lessons 05-09 (nanoserve.scenarios), at tiny sizes.
+
+Every function a lesson calls runs here once on preset:tiny. Assertions are about structure
+(what ran in which step, what came from the cache), which holds on any machine, not about
+timings, which a busy CI machine can't promise.
+"""
+
+import math
+
+import pytest
+
+from nanoserve import scenarios as S
+from nanoserve.metrics import completed
+from nanoserve.scenarios.common import _round_up
+from nanoserve.workload import greedy_params
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return S.load_llm("preset:tiny", device="cpu", dtype="float32")
+
+
+def test_sizes_quick_and_device_and_bad_lesson():
+    for lesson in ("05", "06", "07", "08", "09"):
+        quick = S.sizes(lesson, quick=True)
+        assert quick["model"] == "preset:tiny"
+        assert S.sizes(lesson, quick=False, device="cpu")["model"] == "preset:llama-120m"
+        assert S.sizes(lesson, quick=False, device="cuda")["model"].startswith("preset:")
+    with pytest.raises(ValueError, match="lesson '10'"):
+        S.sizes("10")
+    assert isinstance(S.quick_mode(), bool)
+
+
+def test_fresh_engine_shares_the_model_not_the_state(llm):
+    a = S.fresh_engine(llm, max_num_batched_tokens=64, enable_prefix_caching=False)
+    assert a.executor is llm.engine.executor and a.kv_manager is not llm.engine.kv_manager
+    assert a.config.max_num_batched_tokens == 64 and not a.config.enable_prefix_caching
+    small = S.fresh_engine(llm, num_kv_blocks=8)
+    assert small.num_kv_blocks == 8
+    with pytest.raises(ValueError, match="exceeds"):
+        S.fresh_engine(llm, num_kv_blocks=llm.engine.num_kv_blocks + 1)
+    with pytest.raises(ValueError, match="block_size"):
+        S.fresh_engine(llm, block_size=32)
+    outs = S.generate(a, [[11, 12, 13], [14, 15]], greedy_params(3))
+    assert [len(o.token_ids) for o in outs] == [3, 3]
+    assert "measured on" in S.device_label(a)
+
+
+def test_probes_and_table(llm):
+    assert 0 < S.measure_decode_step(llm, 2, steps=3) < 5
+    assert 0 < S.measure_prefill(llm, 64, repeats=1) < 5
+    t = S.Table([{"a": 1.23456, "b": "x"}, {"a": math.nan}], "title", ".2f")
+    text = repr(t)
+    assert "title" in text and "1.23" in text and "nan" in text
+    assert "<table>" in t._repr_html_() and "<caption>title</caption>" in t._repr_html_()
+
+
+def test_interference_grid_chunks_only_when_asked(llm):
+    setup = S.interference_setup(llm, num_decoders=2, long_prompt_len=256, num_long=1)
+    assert setup.long_ids == ["2"] and "decoders" in setup.describe()
+    runs = S.interference_grid(llm, setup, [32], progress=False)
+    whole, chunked = runs
+    assert whole.budget is None and chunked.budget == 32
+    # without chunking the long prompt is prefilled in one step; with it no step passes the budget
+    assert max(r.num_prefill_tokens for r in whole.result.trace) == 256
+    assert max(r.num_tokens for r in chunked.result.trace) <= 32
+    for run in runs:
+        assert all(completed(o) for o in run.result.outputs)
+        assert len(run.decoder_itls()) > 0 and len(run.long_ttfts()) == 1
+        assert run.summary()["run"] == run.label
+    assert len(S.interference_table(runs).rows) == 2
+
+
+def test_prefix_caching_compare_and_demo(llm):
+    wl, rate = S.shared_prefix_workload(llm, num_requests=4, prefix_len=64, suffix_len=8, output_len=2)
+    assert rate > 0 and len(wl) == 4
+    assert len({tuple(r.prompt_token_ids[:64]) for r in wl}) == 1  # one shared prefix
+    res = S.prefix_cache_compare(llm, wl, progress=False)
+    off, on = S.prefix_summary(res["off"]), S.prefix_summary(res["on"])
+    assert off["hit rate (%)"] == 0 and off["prefill tokens computed"] == off["prompt tokens"]
+    assert on["hit rate (%)"] > 50 and on["prefill tokens computed"] < off["prefill tokens computed"]
+    assert len(S.prefix_table(res).rows) == 2
+    demo = S.shared_prompt_demo(llm, "system prompt " * 4, ["first?", "second?"], max_tokens=2)
+    rows = demo.rows
+    assert rows[0]["from cache"] == 0 and rows[1]["from cache"] > 0
+
+
+def test_eviction_sweep_eats_the_prefix_only_past_the_free_room(llm):
+    points = S.eviction_sweep(llm, num_kv_blocks=16, prefix_len=64, unrelated_len=48,
+                              counts=[0, 1, 6], progress=False)
+    assert [p.unrelated_requests for p in points] == [0, 1, 6]
+    assert points[0].cached_tokens == 64 and points[1].cached_tokens == 64
+    assert points[2].cached_tokens < 64
+
+
+@pytest.fixture(scope="module")
+def device_model(llm):
+    return S.calibrate_device(llm, num_requests=6, input_median=32, output_median=6, progress=False)
+
+
+def test_calibration_slo_and_capacity(llm, device_model):
+    assert device_model.label.startswith("modelled: calibrated on")
+    assert S.measured_capacity(device_model.result) > 0
+    assert device_model.calibration.mape >= 0
+    slo = S.unloaded_slo(llm, 32)
+    assert set(slo) == {"ttft", "tpot"} and all(v > 0 for v in slo.values())
+    assert S.slo_text({"ttft": 0.12, "tpot": 0.026}) == "ttft<=120ms,tpot<=26ms"
+    assert _round_up(0.1234) == pytest.approx(0.13) and _round_up(25) == 25
+
+
+def test_workload_shift_and_stratification(llm):
+    weeks = S.workload_shift(llm, num_requests=6, rate=50.0, input_median=24, output_median=4,
+                             longer_output_median=16, progress=False)
+    assert list(weeks) == ["before", "after"]
+    before, after = (sum(len(o.token_ids) for o in weeks[k].outputs) for k in weeks)
+    assert after > before
+    table = S.metrics_table(weeks, {"ttft": 1.0, "tpot": 1.0})
+    assert [r["run"] for r in table.rows] == ["before", "after"]
+    strat = S.stratified_table(weeks, "e2e", buckets=(1, 8, 32))
+    assert sum(r["before: n"] for r in strat.rows) == 6 and sum(r["after: n"] for r in strat.rows) == 6
+
+
+def test_rate_sweeps_measured_and_modelled(llm, device_model):
+    make = S.chat_maker(llm, 4, 24, 4)
+    assert len(make(10.0)) == 4
+    assert make(10.0).requests[0].prompt_token_ids == make(5.0).requests[0].prompt_token_ids
+    slo = {"ttft": 1.0, "tpot": 1.0}
+    measured = S.rate_sweep(llm, [20.0], make, slo, progress=False)
+    modelled = S.simulated_rate_sweep(device_model, [20.0, 40.0], make, slo)
+    assert len(measured) == 1 and len(modelled) == 2
+    for p in measured + modelled:
+        assert p.throughput > 0 and 0 <= p.attainment <= 1 and p.goodput <= p.throughput + 1e-9
+
+
+def test_cost_runs_and_tables(llm):
+    price, note = S.default_price_per_hour("cpu")
+    assert price > 0 and "set your own" in note
+    assert S.default_price_per_hour("cuda")[0] > price
+    runs = S.batch_cap_runs(llm, [1, 4], num_requests=4, input_len=32, output_len=4, progress=False)
+    assert list(runs) == [1, 4]
+    assert max(r.num_running for r in runs[1].trace) == 1
+    report = S.run_cost(runs[4], price)
+    assert report.input_tokens == 4 * 32 and report.output_tokens == 4 * 4
+    assert report.usd_per_1m_input > 0 and report.usd_per_1m_output > 0
+    slo = S.tpot_slo(llm, 32)
+    evals = S.evaluate_caps(runs, price, slo)
+    assert [e.label for e in evals] == ["1", "4"]
+    assert len(S.cost_rows(runs, price, slo).rows) == 2
+    providers = S.provider_table(report.output_input_ratio)
+    assert providers.rows[-1]["who"] == "this device (measured)"
+    assert all("list price" in r["source"] for r in providers.rows[:-1])
+
+
+def test_validation_and_kv_transfer(llm, device_model):
+    make = S.chat_maker(llm, 4, 24, 4, seed=9)
+    wl = make(20.0)
+    measured = S.measure_workload(llm, wl, progress=False)
+    table = S.validation_table(device_model, wl, measured)
+    assert [r["metric"] for r in table.rows][:2] == ["TTFT median", "TTFT p99"]
+    kv = S.kv_transfer_table("llama-3-8b", "H100-SXM", prompt_lens=(512,))
+    row = kv.rows[0]
+    # Llama-3-8B bf16: 2 (K, V) x 32 layers x 8 KV heads x 128 dims x 2 bytes = 131072 B per token
+    assert row["KV (MB)"] == pytest.approx(512 * 131072 / 1e6)
+    assert row["NVLink 4 (ms)"] == pytest.approx(512 * 131072 / 450e9 * 1e3)
+
+
+def test_disaggregation_studies(device_model, llm):
+    study = S.datasheet_study("H100-SXM", "llama-3-8b", num_requests=8, num_rates=2, total=2)
+    assert len(study.rates) == 2 and study.label.startswith("modelled:")
+    col = study.colocated()
+    assert study.colocated() is col  # cached
+    dis = study.disaggregated(1, 50e9)
+    assert len(dis) == 2 and all(completed(o) for r in dis for o in r.outputs)
+    with pytest.raises(ValueError, match="num_prefill"):
+        study.disaggregated(2, 50e9)
+    here = S.calibrated_study(device_model, S.chat_maker(llm, 4, 24, 4), [10.0], total=2)
+    assert here.label == device_model.label
+    assert all(completed(o) for o in here.disaggregated(1, 12.5e9)[0].outputs)
+    wl = S.disagg_workload(5.0, 10, 32000)
+    assert len(wl) == 10 and wl.name == "long-prompt chat"
