@@ -8,15 +8,19 @@ import sys
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "grade":  # grade has its own parser (it forwards options to pytest)
+    if argv and argv[0] == "grade":  # grade and bench have their own parsers
         from nanoserve.grade import main as grade_main
         return grade_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from nanoserve.bench import main as bench_main
+        return bench_main(argv[1:])
     ap = argparse.ArgumentParser(prog="nanoserve", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="stream text from the default model and print latencies")
     d.add_argument("--model", default=None, help="checkpoint folder or preset:NAME (default: demo model)")
     d.add_argument("--max-tokens", type=int, default=48)
     d.add_argument("--device", default=None)
+    sub.add_parser("bench", help="replay a workload and print TTFT/ITL/TPOT/E2E, goodput, MBU/MFU")
     sub.add_parser("grade", help="score exercises/ against the graded tests: grade [exNN ...]")
     r = sub.add_parser("roofline", help="measure (or show cached) device ceilings")
     r.add_argument("--device", default="cpu")

@@ -6,8 +6,8 @@ prefill, prefix caching, preemption: nothing is re-implemented here); the execut
 the step's FLOPs and bytes with roofline.step_cost, advances the clock by the cost model's
 step time and returns a placeholder token for every sequence that samples. Output lengths
 come from max_tokens (workloads set ignore_eos), so the RequestOutputs, the step trace and
-every metric are the same objects a real run produces. `replay` runs the same loop against
-the real clock and a real model: that is how the simulator is validated.
+every metric are the same objects a real run produces. `drive` runs the same loop against
+the real clock and a real model (bench.replay): that is how the simulator is validated.
 
 The cost model is a roofline with overheads:
 
@@ -188,13 +188,6 @@ def drive(engine: LLMEngine, workload: Workload, wait_until: Callable[[float], N
             if o.finished:
                 final[o.request_id] = o
     return [final[str(i)] for i in range(len(reqs))]
-
-
-def replay(engine: LLMEngine, workload: Workload) -> list[RequestOutput]:
-    """Run a workload on a real engine in real time: requests arrive at their arrival times."""
-    def sleep_until(t: float) -> None:
-        time.sleep(max(0.0, t - engine.clock()))
-    return drive(engine, workload, sleep_until, engine.clock())
 
 
 def sim_engine(model_config: ModelConfig, device: DeviceProfile | CostModel,

@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from nanoserve import LLM, EngineConfig, ModelConfig
+from nanoserve.bench import replay as bench_replay
 from nanoserve.disagg import goodput_sweep, simulate_colocated, simulate_disaggregated
 from nanoserve.metrics import compute_metrics, itls, ttft
 from nanoserve.model.presets import PRESETS
 from nanoserve.roofline import DeviceCeilings, ceilings_cache_path, step_cost
-from nanoserve.sim import CostModel, calibrate, drive, replay, sim_engine, simulate
+from nanoserve.sim import CostModel, calibrate, drive, sim_engine, simulate
 from nanoserve.sim_devices import (
     DEVICES,
     LINKS,
@@ -28,6 +29,11 @@ from nanoserve.sim_devices import (
     num_kv_blocks,
 )
 from nanoserve.workload import LogNormal, Uniform, Workload, shared_prefix, synthetic
+
+
+def replay(engine, workload):
+    """Real-time replay on a real engine (bench's harness) -> final outputs."""
+    return bench_replay(engine, workload, progress=False, warmup=0).outputs
 
 H100 = DEVICES["H100-SXM"]
 LLAMA8B = model_shape("llama-3-8b")
