@@ -228,7 +228,9 @@ def fake_point(batch, tokens_per_s, tpot_s):
 def test_scaling_knee_and_goodput():
     points = [fake_point(1, 100, 0.010), fake_point(2, 195, 0.0102), fake_point(4, 380, 0.0105),
               fake_point(8, 420, 0.019)]
-    assert ex.scaling_knee(points) == 4
+    assert ex.scaling_knee(points) == 8  # per sequence: 100, 97.5, 95, 52.5 tokens/s: all >= 50
+    assert ex.scaling_knee(points + [fake_point(16, 500, 0.03)]) == 8  # 31 tokens/s each: < 50
+    assert ex.scaling_knee(points, efficiency=0.9) == 4
     small, big, target = ex.itl_target(points)
     assert (small, big) == (1, 2) or (small, big) == (2, 4)
     tp = {p.batch: ex.goodput_table(points, 0.015).rows for p in points}[1]

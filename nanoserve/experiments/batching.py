@@ -86,13 +86,12 @@ def decode_points(llm, points: Sequence[DecodePoint]) -> list[tuple[str, float, 
                                   p.step_seconds) for p in points])
 
 
-def scaling_knee(points: Sequence[DecodePoint], efficiency: float = 0.75) -> int | None:
-    """The first batch size past which growing the batch stops paying: throughput grows by
-    less than `efficiency` times the batch ratio. None if it never happens in the sweep."""
-    for a, b in zip(points, points[1:]):
-        if b.tokens_per_s / a.tokens_per_s < efficiency * b.batch / a.batch:
-            return a.batch
-    return None
+def scaling_knee(points: Sequence[DecodePoint], efficiency: float = 0.5) -> int:
+    """The largest batch size at which each sequence still decodes at least `efficiency` times
+    as fast as alone (ITL(B) <= ITL(1) / efficiency): up to it, batching is nearly free.
+    Compared with batch 1 rather than step by step, so one noisy point can't end it early."""
+    base = points[0].itl_seconds
+    return max(p.batch for p in points if p.itl_seconds * efficiency <= base)
 
 
 def datasheet_critical_batches(dtype: str = "bfloat16") -> Table:
