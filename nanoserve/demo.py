@@ -12,11 +12,11 @@ from nanoserve.engine import LLM
 from nanoserve.metrics import itls, ttft
 from nanoserve.sampling_params import SamplingParams
 
-DEMO_PROMPTS = [
-    "ROMEO:\nBut soft, what light",
-    "KING HENRY:\nOnce more unto the breach,",
-    "HAMLET:\nTo be, or not",
-    "First Citizen:\nBefore we proceed any further,",
+DEMO_PROMPTS = [  # the demo model was trained on the plays, where speakers are "NAME." lines
+    "ROMEO.\nBut soft, what light",
+    "KING HENRY.\nOnce more unto the breach,",
+    "HAMLET.\nTo be, or not",
+    "FIRST CITIZEN.\nBefore we proceed any further,",
 ]
 
 
