@@ -42,17 +42,18 @@ class InterferenceSetup:
 
 
 def interference_setup(engine_or_llm, num_decoders: int, long_prompt_len: int, num_long: int = 3,
-                       decoder_prompt_len: int = 16, long_output_len: int = 4,
+                       min_budget: int = 64, decoder_prompt_len: int = 16, long_output_len: int = 4,
                        seed: int = 0) -> InterferenceSetup:
     """Measure a decode step and a long prefill here, then build the workload: long prompts
     arrive after 8 decode steps and then every 2 long-prefill times (so the decoders recover in
-    between), and the decoders generate long enough to outlast the last long prompt's prefill."""
+    between), and the decoders generate long enough to outlast the last long prompt's prefill
+    at the smallest token budget to be tried (min_budget), with 16 tokens to spare."""
     engine = _engine(engine_or_llm)
     step = measure_decode_step(engine, num_decoders, decoder_prompt_len)
     prefill = measure_prefill(engine, long_prompt_len)
     first, gap = 8 * step, 2 * prefill
-    window = first + (num_long - 1) * gap + 2 * prefill
-    out_len = int(math.ceil(window / step)) + 16
+    chunk_steps = math.ceil(long_prompt_len / max(1, min_budget - num_decoders))
+    out_len = int(math.ceil((first + (num_long - 1) * gap) / step)) + chunk_steps + 16
     rng = np.random.default_rng(seed)
     vocab = engine.model_config.vocab_size
     reqs = [WorkloadRequest(random_tokens(decoder_prompt_len, rng, vocab), greedy_params(out_len), 0.0)
