@@ -62,6 +62,38 @@ def use_kernels(target, **overrides) -> SimpleNamespace:
     return ops
 
 
+def load_piece(path: str, impl: str = "exercises"):
+    """A piece of `exercises/` (yours) or `solutions/`, e.g. "ex04_scheduler.ContinuousScheduler"."""
+    import importlib
+    if impl not in ("exercises", "solutions"):
+        raise ValueError(f"impl={impl!r}; allowed: 'exercises' or 'solutions'")
+    root = str(repo_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(f"{impl}.{module}"), name)
+
+
+def compare_schedulers(scheduler_cls, model: str = "preset:tiny", num_prompts: int = 6,
+                       max_tokens: int = 12, config=None) -> str:
+    """Run the same prompts with the built-in scheduler and with `scheduler_cls` plugged in.
+    -> a table: per request, whether the greedy outputs agree, and each engine's step count."""
+    from nanoserve import LLM, EngineConfig, SamplingParams
+    config = config or EngineConfig(max_num_batched_tokens=32, max_num_seqs=4, num_kv_blocks=64)
+    prompts = [[(7 * i + j) % 900 + 10 for j in range(5 + 9 * i)] for i in range(num_prompts)]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    runs = {}
+    for label, cls in (("built-in", None), (scheduler_cls.__name__, scheduler_cls)):
+        llm = LLM(model, config=config, scheduler=cls)
+        runs[label] = ([o.token_ids for o in llm.generate(prompts, params)], llm.engine.stats.steps)
+    (ref, ref_steps), (mine, my_steps) = runs.values()
+    lines = [f"{'request':>7} {'prompt':>6}  same greedy tokens as built-in"]
+    lines += [f"{i:>7} {len(p):>6}  {'yes' if a == b else 'NO'}" for i, (p, a, b) in
+              enumerate(zip(prompts, ref, mine))]
+    lines.append(f"steps: built-in {ref_steps}, {scheduler_cls.__name__} {my_steps}")
+    return "\n".join(lines)
+
+
 # --- running the graded tests ---------------------------------------------------------
 
 @dataclass
