@@ -25,9 +25,12 @@ test: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check nanoserve tests exercises solutions benchmarks scripts
 
+# Offline decks: `npm install reveal.js@4` here first; the decks then load it from node_modules.
+REVEAL := $(if $(wildcard node_modules/reveal.js),--SlidesExporter.reveal_url_prefix=../node_modules/reveal.js,)
+
 slides: $(BIN)/.installed
 	mkdir -p slides
-	$(BIN)/jupyter nbconvert --to slides --output-dir slides notebooks/*.ipynb
+	$(BIN)/jupyter nbconvert --to slides $(REVEAL) --output-dir slides notebooks/*.ipynb
 
 clean-venv:
 	rm -rf $(VENV)
