@@ -17,10 +17,11 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/python -m nanoserve demo
 
+# Two pytest workers on two cores: one OpenMP thread each (more threads than cores is many times slower).
 test: $(BIN)/.installed
 	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope tests
 	if ls notebooks/*.ipynb >/dev/null 2>&1; then \
-	  NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope --nbval-lax notebooks; fi
+	  OMP_NUM_THREADS=1 NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope --nbval-lax notebooks; fi
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check nanoserve tests exercises solutions benchmarks scripts

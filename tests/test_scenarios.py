@@ -109,7 +109,7 @@ def test_calibration_slo_and_capacity(llm, device_model):
 
 
 def test_workload_shift_and_stratification(llm):
-    weeks = S.workload_shift(llm, num_requests=6, rate=50.0, input_median=24, output_median=4,
+    weeks = S.workload_shift(llm, num_requests=6, input_median=24, output_median=4,
                              longer_output_median=16, progress=False)
     assert list(weeks) == ["before", "after"]
     before, after = (sum(len(o.token_ids) for o in weeks[k].outputs) for k in weeks)
@@ -176,5 +176,7 @@ def test_disaggregation_studies(device_model, llm):
     here = S.calibrated_study(device_model, S.chat_maker(llm, 4, 24, 4), [10.0], total=2)
     assert here.label == device_model.label
     assert all(completed(o) for o in here.disaggregated(1, 12.5e9)[0].outputs)
+    rows = S.layout_table(here, 1, 12.5e9).rows
+    assert [r["layout"] for r in rows] == ["colocated x2", "1P:1D over 12.5 GB/s"]
     wl = S.disagg_workload(5.0, 10, 32000)
     assert len(wl) == 10 and wl.name == "long-prompt chat"

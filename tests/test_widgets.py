@@ -81,7 +81,7 @@ def device_model(llm):
 
 
 def test_measuring_figures(llm, device_model):
-    weeks = S.workload_shift(llm, 6, 50.0, 24, 4, 16, progress=False)
+    weeks = S.workload_shift(llm, 6, 24, 4, 16, progress=False)
     titled(W.plot_request_anatomy(weeks["before"]))
     titled(W.plot_metric_distributions(weeks["before"]))
     titled(W.plot_stratified(weeks, "tpot", buckets=(1, 8, 32)))

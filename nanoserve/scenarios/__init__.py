@@ -40,6 +40,7 @@ from nanoserve.scenarios.disaggregation import (
     datasheet_study,
     disagg_workload,
     kv_transfer_table,
+    layout_table,
     validation_table,
 )
 from nanoserve.scenarios.interference import (
@@ -86,11 +87,12 @@ __all__ = [
     "SIZES", "DeviceModel", "DisaggStudy", "EvictionPoint", "InterferenceRun", "InterferenceSetup",
     "RatePoint", "Table", "batch_cap_runs", "calibrate_device", "calibrated_study", "chat_maker",
     "chat_workload", "cost_rows", "datasheet_study", "default_price_per_hour", "device_kind",
-    "device_label", "disagg_workload", "evaluate_caps", "eviction_sweep", "fresh_engine", "generate",
-    "interference_grid", "interference_setup", "interference_table", "kv_transfer_table", "load_llm",
-    "measure_decode_step", "measure_prefill", "measure_workload", "measured_capacity", "metrics_table",
-    "prefix_cache_compare", "prefix_summary", "prefix_table", "provider_table", "quick_mode",
-    "rate_sweep", "run_cost", "run_interference", "shared_prefix_workload", "shared_prompt_demo",
-    "simulated_rate_sweep", "sizes", "slo_text", "stratified_table", "tpot_slo", "unloaded_latency",
-    "unloaded_slo", "validation_table", "workload_shift",
+    "device_label", "disagg_workload", "evaluate_caps", "eviction_sweep", "fresh_engine",
+    "generate", "interference_grid", "interference_setup", "interference_table",
+    "kv_transfer_table", "layout_table", "load_llm", "measure_decode_step", "measure_prefill",
+    "measure_workload", "measured_capacity", "metrics_table", "prefix_cache_compare",
+    "prefix_summary", "prefix_table", "provider_table", "quick_mode", "rate_sweep", "run_cost",
+    "run_interference", "shared_prefix_workload", "shared_prompt_demo", "simulated_rate_sweep",
+    "sizes", "slo_text", "stratified_table", "tpot_slo", "unloaded_latency", "unloaded_slo",
+    "validation_table", "workload_shift",
 ]

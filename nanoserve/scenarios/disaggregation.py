@@ -118,3 +118,21 @@ def calibrated_study(model: DeviceModel, make_workload, rates: Sequence[float],
     config = replace(model.config, num_kv_blocks=model.num_kv_blocks)
     return DisaggStudy(model.cost_model, model.label, model.model_config, config, make_workload,
                        list(rates), total, model.result.dtype)
+
+
+def layout_table(study: DisaggStudy, num_prefill: int, link_bandwidth: float,
+                 rate_index: int = 0) -> Table:
+    """Latency percentiles of the colocated and the disaggregated layout at one of the study's
+    rates (modelled)."""
+    from nanoserve.metrics import compute_metrics
+    layouts = {f"colocated x{study.total}": study.colocated()[rate_index],
+               f"{num_prefill}P:{study.total - num_prefill}D over {link_bandwidth / 1e9:g} GB/s":
+               study.disaggregated(num_prefill, link_bandwidth)[rate_index]}
+    rows = []
+    for name, res in layouts.items():
+        m = compute_metrics(res.outputs)
+        rows.append({"layout": name, "TTFT p50 (ms)": _ms(m.ttft.median),
+                     "TTFT p90 (ms)": _ms(m.ttft.p90),
+                     "TPOT p50 (ms)": _ms(m.tpot.median), "ITL p50 (ms)": _ms(m.itl.median),
+                     "ITL p99 (ms)": _ms(m.itl.p99), "requests/s": m.request_throughput})
+    return Table(rows, f"{study.rates[rate_index]:.3g} requests/s offered, {study.label}", ".1f")

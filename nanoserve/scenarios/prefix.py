@@ -25,20 +25,20 @@ from nanoserve.scenarios.common import (
 from nanoserve.workload import Workload, WorkloadRequest, greedy_params, random_tokens
 
 
-def shared_prompt_demo(llm: LLM, system_prompt: str, questions: Sequence[str],
-                       max_tokens: int = 24) -> Table:
-    """One system prompt, several questions, asked one after another on one engine: how many
-    prompt tokens each took from the prefix cache, its TTFT and (with a tokenizer) its text."""
+def shared_prompt_demo(llm: LLM, shared: str, own: Sequence[str], max_tokens: int = 24) -> Table:
+    """One shared opening (a system prompt) and each request's own text after it, sent one
+    after another to one engine: the prompt tokens each took from the prefix cache, its TTFT
+    and (with a tokenizer) the start of its greedy continuation."""
     rows = []
-    for q in questions:
-        prompt = system_prompt + q
+    for text in own:
+        prompt = shared + text
         if llm.tokenizer is None:  # a preset without a tokenizer: stand-in ids, same lengths
             prompt = [10 + (ord(c) % 200) for c in prompt]
         o = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0))[0]
-        rows.append({"question": q.strip()[:40], "prompt tokens": len(o.prompt_token_ids),
+        rows.append({"own text": text.strip()[:40], "prompt tokens": len(o.prompt_token_ids),
                      "from cache": o.num_cached_tokens, "TTFT (ms)": _ms(ttft(o)),
-                     "answer": (o.text or "").strip().replace("\n", " ")[:60]})
-    return Table(rows, "A shared system prompt, asked one question at a time", ".1f")
+                     "continuation": (o.text or "(no tokenizer: ids)").strip().replace("\n", " / ")[:60]})
+    return Table(rows, "One shared opening, then each request's own text, one request at a time", ".1f")
 
 
 def shared_prefix_workload(engine_or_llm, num_requests: int, prefix_len: int, suffix_len: int,

@@ -14,10 +14,11 @@ from nanoserve.workload import LogNormal, Workload, synthetic
 
 
 def chat_workload(num_requests: int, rate: float, input_median: int, output_median: int,
-                  vocab_size: int, seed: int = 0, name: str = "chat") -> Workload:
-    """Long-tailed prompt and answer lengths (log-normal, as chat traffic), Poisson arrivals."""
+                  vocab_size: int, seed: int = 0, name: str = "chat", burstiness: float = 1.0) -> Workload:
+    """Long-tailed prompt and answer lengths (log-normal, as chat traffic); Poisson arrivals, or
+    more regular ones with burstiness > 1 (workload.arrival_times)."""
     return synthetic(num_requests, LogNormal(input_median, 0.5, 8, 8 * input_median),
-                     LogNormal(output_median, 0.6, 2, 8 * output_median), rate, seed=seed,
+                     LogNormal(output_median, 0.6, 2, 8 * output_median), rate, burstiness, seed=seed,
                      vocab_size=vocab_size, name=name)
 
 
@@ -79,17 +80,21 @@ def measured_capacity(result: bench.BenchResult) -> float:
     return result.metrics().request_throughput
 
 
-def workload_shift(engine_or_llm, num_requests: int, rate: float, input_median: int,
-                   output_median: int, longer_output_median: int, progress: bool = True) -> dict:
+def workload_shift(engine_or_llm, num_requests: int, input_median: int, output_median: int,
+                   longer_output_median: int, progress: bool = True) -> dict:
     """The same server measured on two weeks of traffic: in the second, answers are longer
-    (output median longer_output_median) and requests come proportionally less often, so the
-    output tokens per second asked of the server are the same. -> {"before": ..., "after": ...}."""
+    (output median longer_output_median instead of output_median). Both weeks arrive at the same,
+    nearly regular rate, slow enough that a typical second-week request finishes before the next
+    arrives (from one request measured alone here), so neither week queues or batches much and
+    any difference is the mix. -> {"before": BenchResult, "after": BenchResult}."""
+    from nanoserve.scenarios.common import unloaded_latency
+    alone = unloaded_latency(engine_or_llm, input_median)
+    rate = 1 / (1.5 * (alone["ttft"] + longer_output_median * alone["tpot"]))
     vocab = _engine(engine_or_llm).model_config.vocab_size
-    before = chat_workload(num_requests, rate, input_median, output_median, vocab, seed=21,
-                           name="before")
-    after = chat_workload(num_requests, rate * output_median / longer_output_median, input_median,
-                          longer_output_median, vocab, seed=22, name="after")
-    return {w.name: measure_workload(engine_or_llm, w, progress=progress) for w in (before, after)}
+    weeks = [chat_workload(num_requests, rate, input_median, median, vocab, seed=seed, name=name,
+                           burstiness=20.0)
+             for name, median, seed in (("before", output_median, 21), ("after", longer_output_median, 22))]
+    return {w.name: measure_workload(engine_or_llm, w, progress=progress) for w in weeks}
 
 
 def metrics_table(results: dict, slo: dict | None = None) -> Table:
@@ -108,7 +113,7 @@ def metrics_table(results: dict, slo: dict | None = None) -> Table:
     return Table(rows, "latencies in ms", ".1f")
 
 
-def stratified_table(results: dict, metric: str = "e2e", buckets=(1, 16, 32, 64, 128)) -> Table:
+def stratified_table(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 64)) -> Table:
     """Median `metric` per output-length bucket, one column per run: like with like."""
     strat = {name: stratify(r.outputs, metric, "output", buckets) for name, r in results.items()}
     labels = list(dict.fromkeys(s.label for st in strat.values() for s in st.strata))
@@ -125,11 +130,18 @@ def stratified_table(results: dict, metric: str = "e2e", buckets=(1, 16, 32, 64,
 
 @dataclass
 class RatePoint:
-    rate: float  # offered requests/s
+    rate: float  # the arrival rate asked for (requests/s)
     result: object  # BenchResult (measured) or SimResult (modelled)
     throughput: float  # completed requests/s
     goodput: float  # requests/s within the SLO
     attainment: float  # fraction of requests within the SLO
+
+    @property
+    def offered(self) -> float:
+        """The arrival rate the workload's random arrivals actually had (requests/s): with a few
+        dozen requests it can differ from `rate` by tens of percent."""
+        t = sorted(o.metrics.arrival_time for o in self.result.outputs)
+        return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else self.rate
 
 
 def rate_sweep(engine_or_llm, rates: Sequence[float], make_workload, slo: dict,

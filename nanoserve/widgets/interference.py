@@ -62,7 +62,7 @@ def plot_budget_tradeoff(runs, ax=None):
     ax.plot(x, first, "s-", color=PREFILL_COLOR, label="long prompts: median TTFT (ms)")
     ax.set_xticks(x, ["no\nchunking" if r.budget is None else str(r.budget) for r in runs])
     _log(ax, "y")
-    ax.set_xlabel("token budget per step (max_num_batched_tokens)")
+    ax.set_xlabel("token budget per step, max_num_batched_tokens (tokens)")
     ax.set_ylabel("latency (ms, log)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

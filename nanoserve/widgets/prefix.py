@@ -54,7 +54,7 @@ def plot_eviction(points, num_kv_blocks: int, block_size: int, prefix_len: int, 
             label="prefix tokens still cached when it returns")
     capacity = num_kv_blocks * block_size
     ax.axvline(capacity - prefix_len, color="0.4", ls="--", lw=1)
-    ax.text(capacity - prefix_len, prefix_len * 1.02, " free room in the cache", fontsize=8, color="0.3")
+    ax.text(capacity - prefix_len, prefix_len * 0.05, " free room in the cache", fontsize=8, color="0.3")
     ax.set_ylim(-0.05 * prefix_len, 1.1 * prefix_len)
     ax.set_xlabel("unrelated prompt tokens served between two uses of the prefix (tokens)")
     ax.set_ylabel("cached prefix tokens (tokens)")

@@ -64,7 +64,7 @@ def compute_cost_view(runs: dict, price_per_hour: float) -> dict:
             "runs": list(runs), "in": [reports[k].usd_per_1m_input for k in runs],
             "out": [reports[k].usd_per_1m_output for k in runs],
             "ratio": [reports[k].output_input_ratio for k in runs],
-            "providers": {n: (p.ratio, f"{p.source}, {p.date}") for n, p in PROVIDER_PRICES.items()}}
+            "providers": {n: (p.ratio, p.source, p.date) for n, p in PROVIDER_PRICES.items()}}
 
 
 def plot_cost_view(data: dict, axes) -> None:
@@ -86,16 +86,16 @@ def plot_cost_view(data: dict, axes) -> None:
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.set_title(f"Cost at ${data['price']:.2f}/hour\n{data['device']}", fontsize=10)
     names = [f"this device, max_num_seqs={r} (measured)" for r in data["runs"]]
-    names += [f"{n} (list price)" for n in data["providers"]]
-    vals = list(data["ratio"]) + [v for v, _ in data["providers"].values()]
+    names += [f"{n} (list price, {date})" for n, (_, _, date) in data["providers"].items()]
+    vals = list(data["ratio"]) + [v for v, _, _ in data["providers"].values()]
     colors = ["tab:green"] * len(data["runs"]) + ["0.6"] * len(data["providers"])
     bx.barh(range(len(vals)), vals, color=colors)
     bx.set_yticks(range(len(vals)), names, fontsize=8)
     bx.invert_yaxis()
     _log(bx, "x")
     bx.set_xlabel("output price / input price (log)")
-    sources = "; ".join(sorted({s for _, s in data["providers"].values()}))
-    bx.set_title(f"How much dearer an output token is\nproviders: {sources}", fontsize=8)
+    bx.set_title("How much dearer an output token is,\nmeasured here vs list prices "
+                 "(sources: scenarios.provider_table())", fontsize=9)
     bx.grid(True, axis="x", which="both", alpha=0.3)
 
 

@@ -83,7 +83,7 @@ def plot_metric_distributions(result, axes=None):
     return axes[0].figure
 
 
-def plot_stratified(results: dict, metric: str = "e2e", buckets=(1, 16, 32, 64, 128), ax=None):
+def plot_stratified(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 64), ax=None):
     """Median `metric` per output-length bucket for each run, and over all requests ("all")."""
     from nanoserve.metrics import REQUEST_METRICS, stratify
     ax = _axes(ax, (7, 3.6))
@@ -116,19 +116,19 @@ def plot_goodput(points, slo: dict, device: str, ax=None, modelled=None, modelle
     measured points in black, the calibrated simulator's (optional) in purple."""
     from nanoserve.scenarios import slo_text
     ax = _axes(ax, (7, 4))
-    rates = [p.rate for p in points] + [p.rate for p in (modelled or [])]
+    rates = [p.offered for p in points] + [p.offered for p in (modelled or [])]
     top = max(rates) * 1.05
     ax.plot([0, top], [0, top], color="0.7", ls="--", lw=1, label="offered = served")
     if modelled:
-        ax.plot([p.rate for p in modelled], [p.throughput for p in modelled], "-", color=MODELLED_COLOR,
+        ax.plot([p.offered for p in modelled], [p.throughput for p in modelled], "-", color=MODELLED_COLOR,
                 alpha=0.5, label="throughput, modelled")
-        ax.plot([p.rate for p in modelled], [p.goodput for p in modelled], "--", color=MODELLED_COLOR,
+        ax.plot([p.offered for p in modelled], [p.goodput for p in modelled], "--", color=MODELLED_COLOR,
                 label="goodput, modelled")
-    ax.plot([p.rate for p in points], [p.throughput for p in points], "o-", color="0.4",
+    ax.plot([p.offered for p in points], [p.throughput for p in points], "o-", color="0.4",
             label="throughput, measured")
-    ax.plot([p.rate for p in points], [p.goodput for p in points], "s-", color=MEASURED_COLOR,
+    ax.plot([p.offered for p in points], [p.goodput for p in points], "s-", color=MEASURED_COLOR,
             label="goodput, measured")
-    ax.set_xlabel("offered arrival rate (requests/s)")
+    ax.set_xlabel("offered arrival rate, as the random arrivals came (requests/s)")
     ax.set_ylabel("completed requests/s")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
