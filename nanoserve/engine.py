@@ -247,7 +247,11 @@ class LLM:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(ids), desc="generate", unit="req")
         while len(final) < len(ids):
-            for o in self.engine.step():
+            steps = self.engine.stats.steps
+            outs = self.engine.step()
+            if self.engine.stats.steps == steps and not outs:
+                self._check_progress()
+            for o in outs:
                 if o.finished:
                     final[o.request_id] = o
                     if bar is not None:
@@ -255,6 +259,14 @@ class LLM:
         if bar is not None:
             bar.close()
         return [final[i] for i in ids]
+
+    def _check_progress(self) -> None:
+        """A step that scheduled nothing while arrived requests wait can only repeat forever."""
+        nxt = self.engine.next_arrival()
+        if nxt is None or nxt <= self.engine.clock():
+            stuck = [r.request_id for r in self.engine.scheduler.waiting]
+            raise RuntimeError(f"the scheduler scheduled nothing while requests {stuck[:5]} wait "
+                               "(is a prompt larger than max_num_batched_tokens without chunking?)")
 
     def stream(self, prompts, params: SamplingParams | list[SamplingParams] | None = None
                ) -> Iterator[RequestOutput]:
@@ -264,7 +276,11 @@ class LLM:
         ids = set(self._add(prompts, params))
         try:
             while ids:
-                for o in self.engine.step():
+                steps = self.engine.stats.steps
+                outs = self.engine.step()
+                if self.engine.stats.steps == steps and not outs:
+                    self._check_progress()
+                for o in outs:
                     if o.request_id in ids:
                         if o.finished:
                             ids.discard(o.request_id)

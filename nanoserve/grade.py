@@ -79,7 +79,8 @@ def compare_schedulers(scheduler_cls, model: str = "preset:tiny", num_prompts: i
     """Run the same prompts with the built-in scheduler and with `scheduler_cls` plugged in.
     -> a table: per request, whether the greedy outputs agree, and each engine's step count."""
     from nanoserve import LLM, EngineConfig, SamplingParams
-    config = config or EngineConfig(max_num_batched_tokens=32, max_num_seqs=4, num_kv_blocks=64)
+    # the budget fits every prompt whole: the ex04 scheduler does not chunk prompts
+    config = config or EngineConfig(max_num_batched_tokens=64, max_num_seqs=4, num_kv_blocks=64)
     prompts = [[(7 * i + j) % 900 + 10 for j in range(5 + 9 * i)] for i in range(num_prompts)]
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     runs = {}

@@ -147,3 +147,15 @@ def test_custom_clock_and_future_arrivals():
         outs = eng.step()
         now[0] += 0.5
     assert outs[0].request_id == rid and outs[0].metrics.first_scheduled_time == 5.0
+
+
+def test_generate_raises_instead_of_spinning_when_a_scheduler_makes_no_progress():
+    from nanoserve.scheduler import Scheduler, SchedulerOutput
+
+    class Idle(Scheduler):
+        def schedule(self, now):
+            return SchedulerOutput()
+
+    llm = LLM("preset:tiny", config=EngineConfig(num_kv_blocks=16), scheduler=Idle)
+    with pytest.raises(RuntimeError, match="scheduled nothing while requests"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
