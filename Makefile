@@ -19,7 +19,8 @@ demo: $(BIN)/.installed
 
 # Two pytest workers on two cores: one OpenMP thread each (more threads than cores is many times slower).
 test: $(BIN)/.installed
-	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope tests
+	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope -m "not serial" tests
+	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -m serial tests
 	if ls notebooks/*.ipynb >/dev/null 2>&1; then \
 	  OMP_NUM_THREADS=1 NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope --nbval-lax notebooks; fi
 

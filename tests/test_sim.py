@@ -253,6 +253,7 @@ def one_thread():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # times the real engine: run alone, not beside another xdist worker
 def test_sim_matches_real_engine_on_cpu(monkeypatch, one_thread):
     monkeypatch.setitem(PRESETS, "sim-test", SIM_TEST_SHAPE)
 
