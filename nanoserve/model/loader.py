@@ -122,8 +122,6 @@ def load_model(model: str, device="cpu", dtype="float32", seed: int = 0):
         load_weights(net, folder)
     net = net.to(device=device, dtype=torch_dtype).eval()
     net.cos_sin_cache = net.cos_sin_cache.float()  # rotary tables stay fp32 whatever the dtype
-    if torch.device(device).type == "cpu" and torch_dtype == torch.float32:
-        net.transpose_weights_for_gemv()
     return net, cfg, folder
 
 
