@@ -1,9 +1,10 @@
 """The roofline: measure the device's ceilings, count a step's FLOPs and bytes, plot both.
 
 Three parts:
-- `measure_ceilings` times a large copy (memory bandwidth), a batch-1 `F.linear` on a large
-  weight (weight-read bandwidth: the best a decode step can do) and square matmuls (peak
-  FLOP/s per dtype), and `load_or_measure_ceilings` caches them per device in a small JSON.
+- `measure_ceilings` times a large copy (memory bandwidth), a batch-1 matrix-vector product
+  on a large weight (weight-read bandwidth: the best a decode step can do) and square matmuls
+  (peak FLOP/s per dtype), each the best of F.linear and, on CPU, oneDNN's packed weights;
+  `load_or_measure_ceilings` caches them per device in a small JSON.
 - `step_cost` counts the FLOPs and the compulsory bytes of one model step from a ModelConfig
   and a batch given as (query_len, context_len) per sequence, split by term.
 - `roofline_time`, `decode_step_floor`, `ridge_point`, `critical_batch_size`, `mbu`, `mfu`
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from nanoserve.config import ModelConfig
+from nanoserve.kernels import cpu_gemm
 
 _TORCH_DTYPES = {n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16",
@@ -65,7 +67,7 @@ class DeviceCeilings:
     date: str  # ISO timestamp of the measurement
     quick: bool  # smaller sizes and fewer repetitions
     copy_bandwidth: float  # bytes/s, large copy, bytes read + bytes written
-    weight_read_bandwidth: float  # bytes/s, batch-1 fp32 F.linear: weight bytes / time
+    weight_read_bandwidth: float  # bytes/s, batch-1 fp32 linear: weight bytes / time
     peak_flops: dict[str, float] = field(default_factory=dict)  # dtype name -> FLOP/s (matmul)
     load_before: float | None = None  # CPU: 1-min load average before measuring; high = noisy
 
@@ -128,18 +130,29 @@ def _copy_bandwidth(device: torch.device, nbytes: int, reps: int) -> float:
     return 2 * nbytes / _time(lambda: dst.copy_(src), device, reps)
 
 
+def _linears(w: torch.Tensor):
+    """The ways this device can multiply by weight w: F.linear, and on CPU oneDNN's packed
+    layout when it supports the dtype (what the engine runs, kernels/cpu_gemm.py)."""
+    fns = [lambda x: F.linear(x, w)]
+    if w.device.type == "cpu" and cpu_gemm.supported(w.dtype):
+        packed = cpu_gemm.pack(w)
+        fns.append(lambda x: cpu_gemm.linear(x, packed))
+    return fns
+
+
 def _weight_read_bandwidth(device: torch.device, k: int, reps: int) -> float:
-    """Batch-1 fp32 F.linear, decode's inner loop: weight bytes per second."""
+    """Batch-1 fp32 matrix-vector product, decode's inner loop: weight bytes per second.
+    The best of the available implementations, so that a floor is one no kernel beat."""
     w = torch.randn(k, k, dtype=torch.float32, device=device)  # (out, in)
     x = torch.randn(1, k, dtype=torch.float32, device=device)  # (batch=1, in)
-    return w.nbytes / _time(lambda: F.linear(x, w), device, reps)
+    return max(w.nbytes / _time(lambda: f(x), device, reps) for f in _linears(w))
 
 
 def _matmul_flops(device: torch.device, dtype: str, m: int, reps: int) -> float:
-    """Square (m, m) @ (m, m) matmul in dtype: 2 * m^3 FLOPs per second."""
+    """Square (m, m) x (m, m) matmul in dtype, best implementation: 2 * m^3 FLOPs per second."""
     a = torch.randn(m, m, device=device).to(getattr(torch, dtype))
     b = torch.randn(m, m, device=device).to(getattr(torch, dtype))
-    return 2 * m**3 / _time(lambda: a @ b, device, reps)
+    return max(2 * m**3 / _time(lambda: f(a), device, reps) for f in _linears(b))
 
 
 @torch.inference_mode()
@@ -166,6 +179,9 @@ def measure_ceilings(device: str | torch.device = "cpu",
                     for dt in dtypes}, load_before=load)
 
 
+CEILINGS_VERSION = 2  # bumped when the way of measuring changes: older caches are not read
+
+
 def ceilings_cache_path(device: str | torch.device = "cpu") -> str:
     """~/.cache/nanoserve/ceilings-<devicekey>.json ($NANOSERVE_CACHE_DIR replaces the folder).
 
@@ -177,7 +193,7 @@ def ceilings_cache_path(device: str | torch.device = "cpu") -> str:
         key += f"-{torch.get_num_threads()}t"
     key = re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")
     folder = os.environ.get("NANOSERVE_CACHE_DIR") or os.path.expanduser("~/.cache/nanoserve")
-    return os.path.join(folder, f"ceilings-{key}.json")
+    return os.path.join(folder, f"ceilings-v{CEILINGS_VERSION}-{key}.json")
 
 
 def load_or_measure_ceilings(device: str | torch.device = "cpu", refresh: bool = False,

@@ -4,9 +4,10 @@ A batch-1 decode step is a chain of matrix-vector products, so its speed is the 
 which the CPU streams weights, and that depends on the weight's layout in memory. oneDNN
 (`torch.ops.mkldnn`) can reorder a weight once into the blocked layout its kernels stream
 best; vLLM's CPU backend (`dispatch_cpu_unquantized_gemm`) and torch.compile's freezing pass
-do the same. Measured on a 2-core AMD EPYC (torch 2.13, llama-120m's 48 layer matrices, too
-big for the 32 MiB L3): fp32 batch 1 12.1 ms (25 GB/s) vs 21.9 ms for F.linear, batch 64
-48 vs 76 ms, batch 2048 1.50 vs 1.72 s; bf16 batch 1 7.3 vs 11.7 ms.
+do the same. Measured with benchmarks/cpu_linear.py on a 2-core AMD EPYC (torch 2.13,
+llama-120m's 48 layer matrices, far bigger than the 32 MiB L3), ms per pass, F.linear vs packed:
+fp32 batch 1 22.2 vs 12.3 (25 GB/s), batch 64 97.7 vs 49.5, batch 2048 1635 vs 1555;
+bf16 batch 1 11.8 vs 7.8, batch 64 34.1 vs 27.0, batch 2048 795 vs 726.
 
 `PackedLinear.from_linear(m)` swaps an nn.Linear for one that holds only the packed weight
 (no second copy in memory); its state_dict still has the plain `weight`.
@@ -28,8 +29,8 @@ def supported(dtype: torch.dtype) -> bool:
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """(out, in) dense weight -> opaque oneDNN tensor of the same shape."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # no batch-size hint:
-    # one packing served batch 1 to 2048 within 5% of the best per-size packing (measured)
+    # no batch-size hint: one packing served batch 1 to 2048 within 8% of the best per-size one
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -93,21 +93,24 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q_lens = [qsl[i + 1] - qsl[i] for i in range(len(lens))]
     decode = [i for i, n in enumerate(q_lens) if n == 1]
     if decode:  # all single-token queries in one SDPA call, contexts padded to the longest
-        idx = torch.tensor(decode, device=q.device)
-        block_size = k_cache.shape[1]
+        D, block_size = len(decode), k_cache.shape[1]
+        if D == len(lens):  # a decode-only step: every row is already in place
+            rows, tables, d_lens = slice(None), block_tables, seq_lens
+        else:
+            idx = torch.tensor(decode, device=q.device)
+            rows, tables, d_lens = query_start_loc[idx].long(), block_tables[idx], seq_lens[idx]
         nb = -(-max(lens[i] for i in decode) // block_size)
-        tables = block_tables[idx, :nb].long()  # (D, nb)
+        tables = tables[:, :nb].long()  # (D, nb)
         # the gather is the only copy: its (D, nb*block_size, kvh, hd) result is viewed as
         # (D, kvh, L, hd), strided, which SDPA reads as is (measured ~3x faster than einsum on
         # copies at D=64 on CPU); padding past each context is masked out
         k = k_cache[tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
         v = v_cache[tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
-        keep = torch.arange(nb * block_size, device=q.device) < seq_lens[idx, None]  # (D, L)
-        rows = query_start_loc[idx].long()
+        keep = torch.arange(nb * block_size, device=q.device) < d_lens[:, None]  # (D, L)
         # GQA without repeating K/V: the `group` query heads of a kv head are its `group` queries
-        qd = q[rows].view(len(decode), num_kv_heads, group, head_dim)  # (D, kvh, g, hd)
+        qd = q[rows].view(D, num_kv_heads, group, head_dim)  # (D, kvh, g, hd)
         o = F.scaled_dot_product_attention(qd, k, v, attn_mask=keep[:, None, None, :], scale=scale)
-        out[rows] = o.reshape(len(decode), num_heads, head_dim)
+        out[rows] = o.reshape(D, num_heads, head_dim)
     for i, n in enumerate(q_lens):
         if n <= 1:
             continue

@@ -1,0 +1,46 @@
+"""oneDNN-prepacked linear layers: same numbers as F.linear, same state_dict, in the engine."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanoserve.kernels import cpu_gemm
+from nanoserve.model import load_model
+
+pytestmark = pytest.mark.skipif(not cpu_gemm.supported(torch.float32), reason="no oneDNN")
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("batch", [1, 3, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_f_linear(dtype, tol, batch, bias):
+    if not cpu_gemm.supported(dtype):
+        pytest.skip(f"oneDNN has no {dtype} here")
+    torch.manual_seed(0)
+    m = nn.Linear(48, 80, bias=bias).to(dtype)
+    packed = cpu_gemm.PackedLinear.from_linear(m)
+    x = torch.randn(batch, 48).to(dtype)
+    torch.testing.assert_close(packed(x).float(), F.linear(x, m.weight, m.bias).float(),
+                               rtol=tol, atol=tol)
+    assert packed(x).dtype == dtype and packed(x.view(1, batch, 48)).shape == (1, batch, 80)
+
+
+def test_state_dict_keeps_the_dense_weight():
+    m = nn.Linear(16, 24)
+    state = cpu_gemm.PackedLinear.from_linear(m).state_dict()
+    assert set(state) == {"weight", "bias"}
+    assert torch.equal(state["weight"], m.weight.detach()) and torch.equal(state["bias"], m.bias)
+
+
+def test_model_packs_every_linear_and_keeps_its_outputs():
+    net, cfg, _ = load_model("preset:tiny", "cpu", "float32")
+    dense = {k: v.clone() for k, v in net.state_dict().items()}
+    hidden = torch.randn(4, cfg.hidden_size)
+    want = net.compute_logits(hidden)
+    net.process_weights_after_loading()
+    assert not any(isinstance(m, nn.Linear) for m in net.modules())
+    assert sum(isinstance(m, cpu_gemm.PackedLinear) for m in net.modules()) == 4 * cfg.num_hidden_layers
+    torch.testing.assert_close(net.compute_logits(hidden), want, rtol=1e-5, atol=1e-5)
+    after = net.state_dict()
+    assert set(after) == set(dense) and all(torch.equal(after[k], dense[k]) for k in dense)
