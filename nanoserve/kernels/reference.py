@@ -68,6 +68,36 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return cache[block_table[:nb].long()].flatten(0, 1)[:length]
 
 
+DECODE_GATHER_BYTES = 4 * 2**20  # K+V gathered per group of decodes: stays in a CPU's cache
+
+
+def _decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale) -> None:
+    """Single-token queries qd (D, kvh, g, hd) -> od, in groups of sequences.
+
+    Each group's blocks are gathered into one reused buffer of about DECODE_GATHER_BYTES,
+    viewed as (n, kvh, L, hd) without a copy, and attended by one SDPA call with the padding
+    past each context masked. Gathering a whole batch at once writes and rereads every K/V
+    byte through DRAM; in cache-sized groups it ran 2x faster (64 x 272 and 32 x 848 tokens
+    of llama-120m on a 2-core EPYC, 32 MiB L3; 4 MiB beat 1, 8 and 16).
+    """
+    D, block_size = len(d_lens_cpu), k_cache.shape[1]
+    most_blocks = -(-max(d_lens_cpu) // block_size)
+    per_group = max(1, DECODE_GATHER_BYTES // (2 * most_blocks * k_cache[0].nbytes))
+    buf_k = k_cache.new_empty(min(D, per_group) * most_blocks, *k_cache.shape[1:])
+    buf_v = torch.empty_like(buf_k)
+    for s in range(0, D, per_group):
+        e = min(D, s + per_group)
+        nb = -(-max(d_lens_cpu[s:e]) // block_size)
+        ids = tables[s:e, :nb].flatten()
+        k = torch.index_select(k_cache, 0, ids, out=buf_k[:len(ids)])  # (n*nb, bs, kvh, hd)
+        v = torch.index_select(v_cache, 0, ids, out=buf_v[:len(ids)])
+        k = k.view(e - s, nb * block_size, *k.shape[2:]).transpose(1, 2).to(qd.dtype)
+        v = v.view(e - s, nb * block_size, *v.shape[2:]).transpose(1, 2).to(qd.dtype)
+        keep = torch.arange(nb * block_size, device=qd.device) < d_lens[s:e, None]  # (n, L)
+        od[s:e] = F.scaled_dot_product_attention(qd[s:e], k, v, attn_mask=keep[:, None, None, :],
+                                                 scale=scale)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, scale: float,
@@ -92,25 +122,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     q_lens = [qsl[i + 1] - qsl[i] for i in range(len(lens))]
     decode = [i for i, n in enumerate(q_lens) if n == 1]
-    if decode:  # all single-token queries in one SDPA call, contexts padded to the longest
-        D, block_size = len(decode), k_cache.shape[1]
+    if decode:
+        D = len(decode)
         if D == len(lens):  # a decode-only step: every row is already in place
             rows, tables, d_lens = slice(None), block_tables, seq_lens
         else:
             idx = torch.tensor(decode, device=q.device)
             rows, tables, d_lens = query_start_loc[idx].long(), block_tables[idx], seq_lens[idx]
-        nb = -(-max(lens[i] for i in decode) // block_size)
-        tables = tables[:, :nb].long()  # (D, nb)
-        # the gather is the only copy: its (D, nb*block_size, kvh, hd) result is viewed as
-        # (D, kvh, L, hd), strided, which SDPA reads as is (measured ~3x faster than einsum on
-        # copies at D=64 on CPU); padding past each context is masked out
-        k = k_cache[tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
-        v = v_cache[tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
-        keep = torch.arange(nb * block_size, device=q.device) < d_lens[:, None]  # (D, L)
         # GQA without repeating K/V: the `group` query heads of a kv head are its `group` queries
         qd = q[rows].view(D, num_kv_heads, group, head_dim)  # (D, kvh, g, hd)
-        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=keep[:, None, None, :], scale=scale)
-        out[rows] = o.reshape(D, num_heads, head_dim)
+        od = torch.empty_like(qd)
+        _decode_attention(qd, od, k_cache, v_cache, tables, d_lens, [lens[i] for i in decode], scale)
+        out[rows] = od.view(D, num_heads, head_dim)
     for i, n in enumerate(q_lens):
         if n <= 1:
             continue
