@@ -47,7 +47,8 @@ class ModelRunner:
     def __init__(self, model, mcfg: ModelConfig, ecfg: EngineConfig, device, dtype,
                  num_blocks: int, seed: int = 0):
         self.model, self.mcfg, self.ecfg = model, mcfg, ecfg
-        model.process_weights_after_loading()  # CPU: oneDNN-prepacked weights
+        if not ecfg.compile:  # inductor packs weights its own way
+            model.process_weights_after_loading()  # CPU: oneDNN-prepacked weights
         # optional torch.compile: fuses the elementwise ops around the matmuls
         self.forward = torch.compile(model, dynamic=True) if ecfg.compile else model
         self.device, self.dtype = torch.device(device), dtype

@@ -82,7 +82,8 @@ def _decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scal
     """
     D, block_size = len(d_lens_cpu), k_cache.shape[1]
     most_blocks = -(-max(d_lens_cpu) // block_size)
-    per_group = max(1, DECODE_GATHER_BYTES // (2 * most_blocks * k_cache[0].nbytes))
+    block_bytes = k_cache.element_size() * k_cache.stride(0)  # one block of K
+    per_group = max(1, DECODE_GATHER_BYTES // (2 * most_blocks * block_bytes))
     buf_k = k_cache.new_empty(min(D, per_group) * most_blocks, *k_cache.shape[1:])
     buf_v = torch.empty_like(buf_k)
     for s in range(0, D, per_group):
