@@ -291,7 +291,8 @@ def measure(names: list[str], model: str, sz: dict, args) -> dict:
         del net
         jobs = plan(sz, cfg.vocab_size, args.seed)
         for dtype in args.dtypes.split(","):
-            # the bandwidth is fp32 F.linear's; bf16's is a little lower (PEERS.md: 21 vs 24.5 GB/s)
+            # one bandwidth for both dtypes: the fp32 weight-read ceiling (the best of F.linear and
+            # oneDNN); bf16 weights stream a little slower here (cpu_linear.py: 19 vs 25 GB/s)
             ctx = sz["b1"][0] + sz["b1"][1] // 2  # mean context of the timed decode steps
             floor = roofline.decode_step_floor(cfg, 1, ctx, ceilings, dtype)
             floors[dtype] = {"ms": 1e3 * floor, "tok_s": 1 / floor, "GB_s": ceilings.bandwidth / 1e9}
