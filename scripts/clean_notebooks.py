@@ -1,12 +1,9 @@
-"""Strip notebook outputs before committing, keeping the reference output of checked cells.
+"""Strip notebook outputs (and transient widget state) before committing.
 
-Notebooks are committed without outputs, except cells marked `# NBVAL_CHECK_OUTPUT`: their
-output is deterministic (a formula, a seeded simulation) and nbval compares it on every CI run,
-so it must stay in the file, with its execution count (nbval skips cells that never ran).
-After editing a checked cell, regenerate its reference output in quick mode:
+Every number a lesson shows is measured on the reader's device or modelled; none is stored in
+the notebook. The modelled tables are pinned in tests/test_lesson_tables.py instead.
 
-    NANOSERVE_QUICK=1 jupyter nbconvert --to notebook --execute --inplace notebooks/03_*.ipynb
-    python scripts/clean_notebooks.py notebooks/03_*.ipynb
+    python scripts/clean_notebooks.py notebooks/*.ipynb
 
 `--check` changes nothing and exits 1 when a notebook would change (tests/test_notebooks_meta.py
 checks the same rule).
@@ -19,21 +16,15 @@ import sys
 
 import nbformat
 
-MARK = "# NBVAL_CHECK_OUTPUT"
-
-
-def is_checked(cell) -> bool:
-    return cell.cell_type == "code" and MARK in cell.source
-
-
 def clean(nb) -> bool:
-    """Clear every unchecked code cell's outputs and count; drop transient widget state.
-    -> whether anything changed."""
+    """Clear every code cell's outputs, count and execution timestamps; drop transient widget
+    state. -> whether anything changed."""
     changed = False
     for cell in nb.cells:
-        if cell.cell_type != "code" or is_checked(cell):
-            continue
-        if cell.outputs or cell.execution_count is not None:
+        if "execution" in cell.metadata:
+            del cell.metadata["execution"]
+            changed = True
+        if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None):
             cell.outputs, cell.execution_count = [], None
             changed = True
     if "widgets" in nb.metadata:

@@ -31,6 +31,8 @@ def pytest_addoption(parser):
     # here, at the tests root, so `pytest tests --impl=exercises` works as well as `pytest tests/exercises`
     parser.addoption("--impl", default=None, choices=("solutions", "exercises"),
                      help="package the graded exercise tests check (default: solutions)")
+    parser.addoption("--regen-tables", action="store_true",
+                     help="rewrite tests/data/lesson_tables.json from the current code")
 
 
 def make_hf_model(arch: str, folder: str, seed: int = 0):

@@ -1,5 +1,5 @@
-"""The lessons' form, for every notebooks/NN_*.ipynb: committed without outputs (except the
-reference output of `# NBVAL_CHECK_OUTPUT` cells, which nbval compares), slide metadata on every
+"""The lessons' form, for every notebooks/NN_*.ipynb: committed without outputs (the modelled
+tables they print are pinned in tests/test_lesson_tables.py instead), slide metadata on every
 cell, a title, a summary, a "check yourself" question and the exercise that goes with it,
 thin code cells, and a reveal.js deck that builds. Running them is nbval's job
 (`pytest --nbval-lax notebooks/`)."""
@@ -13,7 +13,6 @@ import pytest
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ROOT = Path(__file__).parent.parent
 SLIDE_TYPES = {"slide", "subslide", "fragment", "-", "skip", "notes"}
-CHECK = "# NBVAL_CHECK_OUTPUT"
 MAX_CODE_LINES = 15  # "a cell is a few lines": logic belongs in nanoserve/
 
 pytestmark = pytest.mark.skipif(not NOTEBOOKS, reason="no notebooks yet")
@@ -42,19 +41,12 @@ def test_numbers_are_unique():
 
 
 def test_committed_without_outputs(nb_path):
-    """Only checked cells keep an output (their reference), and they must keep one with an
-    execution count, or nbval silently skips the comparison. Clean with
-    scripts/clean_notebooks.py."""
+    """Clean with scripts/clean_notebooks.py."""
     for i, cell in enumerate(load(nb_path).cells):
-        if cell.cell_type != "code":
-            continue
-        if CHECK in cell.source:
-            assert cell.outputs and cell.execution_count is not None, (
-                f"{nb_path.name} cell {i} is marked {CHECK} but has no reference output; run the "
-                "notebook in quick mode and keep that cell's output (scripts/clean_notebooks.py)")
-        else:
-            assert not cell.outputs and cell.execution_count is None, (
-                f"{nb_path.name} cell {i} has outputs; run scripts/clean_notebooks.py {nb_path}")
+        ran = "execution" in cell.metadata or (
+            cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None))
+        assert not ran, (f"{nb_path.name} cell {i} keeps outputs or run timestamps; "
+                         f"run scripts/clean_notebooks.py {nb_path}")
 
 
 def test_every_cell_has_slide_metadata(nb_path):
