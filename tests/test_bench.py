@@ -179,6 +179,10 @@ def test_peers_quick_smoke(tmp_path, monkeypatch):
     assert {t["status"] for t in report["targets"]} <= {"PASS", "MISS", "n/a"}
     md = path.with_suffix(".md").read_text()
     assert "| batch-1 decode" in md and "## Targets" in md
+    [profiles] = report["raw"]["float32"]["nanoserve"]["profile"]
+    assert [p["label"].split(" x ")[0] for p in profiles] == [
+        "decode batch 1", "decode batch 8", "prefill batch 4", "prefill batch 1"]
+    assert "Where nanoserve's time goes" in md and "| prefill batch 1 x 128 tokens |" in md
 
 
 def test_peers_require_idle_aborts_on_a_busy_machine(tmp_path, monkeypatch):

@@ -1,0 +1,43 @@
+"""step_profile: the split of a step's wall time covers the step and leaves the engine as it was."""
+
+import pytest
+
+from nanoserve import LLM, EngineConfig, SamplingParams
+from nanoserve.step_profile import PARTS, step_profile
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("preset:tiny", device="cpu", dtype="float32",
+               config=EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=64))
+
+
+@pytest.mark.parametrize("batch, context, prefill", [(1, 9, False), (4, 40, False), (3, 20, True)])
+def test_parts_cover_the_step_and_the_engine_is_left_clean(llm, batch, context, prefill):
+    model = llm.engine.model
+    ops = model.layers[0].ops
+    free = llm.engine.kv_manager.num_free_blocks
+    p = step_profile(llm, batch, context, prefill=prefill, steps=3)
+    assert set(p.parts_ms) == set(PARTS) and p.steps == (1 if prefill else 3)
+    assert all(v >= 0 for v in p.parts_ms.values()), p.parts_ms
+    assert sum(p.parts_ms.values()) == pytest.approx(p.step_ms)
+    assert p.parts_ms["linear"] > 0 and p.parts_ms["attention"] > 0 and p.parts_ms["norm"] > 0
+    assert str(p).startswith(("prefill" if prefill else "decode") + f" batch {batch} x {context}")
+    # nothing of the profiling stays behind
+    assert not llm.engine.has_unfinished() and llm.engine.kv_manager.num_free_blocks == free
+    assert all(m.ops is ops for m in model.modules() if "ops" in vars(m))
+    assert "compute_logits" not in vars(model)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0))
+    assert len(out[0].token_ids) == 3
+
+
+def test_refuses_a_busy_engine_and_a_prefill_larger_than_a_step(llm):
+    with pytest.raises(ValueError, match="max_num_batched_tokens=64"):
+        step_profile(llm, 2, 40, prefill=True)
+    rid = llm.engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+    try:
+        with pytest.raises(ValueError, match="idle engine"):
+            step_profile(llm, 1, 8)
+    finally:
+        llm.engine.abort(rid)
