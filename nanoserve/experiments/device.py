@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from nanoserve import roofline
 from nanoserve.config import default_device
 from nanoserve.experiments.setup import quick_mode
+from nanoserve.kernels import cpu_gemm
 from nanoserve.roofline import dtype_bytes, dtype_name
 from nanoserve.scenarios import Table
 
@@ -40,12 +41,13 @@ def _median_time(fn, device: torch.device, reps: int) -> float:
 
 @dataclass
 class LinearPoint:
-    """One `F.linear` of a (batch, k) input by a (k, k) weight, timed here."""
+    """One linear layer of a (batch, k) input by a (k, k) weight, timed here."""
 
     batch: int
     k: int
     dtype: str
     seconds: float = math.nan  # measured; nan when only counting
+    kernel: str = "F.linear"
 
     @property
     def flops(self) -> float:
@@ -71,10 +73,14 @@ def linear_sweep(ceilings: roofline.DeviceCeilings, batches: Sequence[int], k: i
     dev = torch.device(ceilings.device)
     dtype = dtype_name(dtype or ("float32" if dev.type == "cpu" else "bfloat16"))
     w = torch.randn(k, k, device=dev).to(getattr(torch, dtype))  # (out, in)
+    kernel, linear = "F.linear", lambda x: F.linear(x, w)
+    if dev.type == "cpu" and cpu_gemm.supported(w.dtype):  # what the engine runs on this CPU
+        packed = cpu_gemm.pack(w)
+        kernel, linear = "oneDNN linear", lambda x: cpu_gemm.linear(x, packed)
     out = []
     for b in batches:
         x = torch.randn(b, k, device=dev).to(w.dtype)  # (batch, in)
-        out.append(LinearPoint(b, k, dtype, _median_time(lambda: F.linear(x, w), dev, reps)))
+        out.append(LinearPoint(b, k, dtype, _median_time(lambda: linear(x), dev, reps), kernel))
     return out
 
 
@@ -84,4 +90,5 @@ def linear_table(points: Sequence[LinearPoint], ceilings: roofline.DeviceCeiling
     rows = [{"batch": p.batch, "FLOP/byte": round(p.intensity, 2), "ms": round(1e3 * p.seconds, 3),
              "GFLOP/s": round(p.achieved / 1e9, 1), "roofline GFLOP/s": round(roof(p) / 1e9, 1)}
             for p in points]
-    return Table(rows, f"F.linear, ({points[0].k} x {points[0].k}) {points[0].dtype} weight, measured")
+    p = points[0]
+    return Table(rows, f"{p.kernel}, ({p.k} x {p.k}) {p.dtype} weight, measured")
