@@ -1,8 +1,8 @@
 """Plain PyTorch reference kernels: the specification the Triton kernels must match.
 
-They run on any device and are the default on CPU. Vectorised over tokens: the only
-Python loop is over prefill sequences in `paged_attention` (one SDPA call each);
-decode tokens of all sequences are handled in one batched gather.
+They run on any device and are the default on CPU. Vectorised over tokens: the Python
+loops in `paged_attention` are over prefill sequences (one SDPA call each) and over groups
+of decode sequences sized to stay in a CPU's cache (one gather and one SDPA call each).
 
 Cache layout (per layer): k_cache, v_cache of shape (num_blocks, block_size, num_kv_heads, head_dim).
 A token's slot is block_id * block_size + offset; slot -1 marks padding (not written).
