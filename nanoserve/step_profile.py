@@ -55,10 +55,20 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
         raise ValueError("step_profile needs an idle engine: it has unfinished requests")
     if torch.device(engine.device).type != "cpu":
         raise ValueError(f"step_profile times ops with a wall clock: CPU only, not {engine.device}")
-    if prefill and batch_size * context_len > engine.config.max_num_batched_tokens:
+    if engine.config.compile:
+        raise ValueError("step_profile times eager ops: a torch.compile'd model (compile=True) "
+                         "runs fused kernels it cannot see")
+    cfg = engine.config
+    if batch_size > cfg.max_num_seqs:
+        raise ValueError(f"batch_size={batch_size} exceeds max_num_seqs={cfg.max_num_seqs}: "
+                         "the sequences would not all decode together")
+    if prefill and batch_size * context_len > cfg.max_num_batched_tokens:
         raise ValueError(f"a prefill of {batch_size} x {context_len} tokens does not fit one step "
-                         f"(max_num_batched_tokens={engine.config.max_num_batched_tokens})")
-    model, spent = engine.model, dict.fromkeys(PARTS, 0.0)
+                         f"(max_num_batched_tokens={cfg.max_num_batched_tokens})")
+    if context_len + steps + 1 > engine.max_model_len:
+        raise ValueError(f"context_len={context_len} + {steps} steps exceeds "
+                         f"max_model_len={engine.max_model_len}")
+    model, spent, t0 = engine.model, dict.fromkeys(PARTS, 0.0), {}
 
     def timed(fn, part):
         def wrapper(*args, **kwargs):
@@ -69,21 +79,23 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
         return wrapper
 
     def start(module, args):
-        module.profile_t0 = time.perf_counter()
+        t0[id(module)] = time.perf_counter()
 
     def stop(module, args, out):
-        spent["linear"] += time.perf_counter() - module.profile_t0
+        spent["linear"] += time.perf_counter() - t0[id(module)]
 
     old_ops = next(m.ops for m in model.modules() if "ops" in vars(m))
     vocab = engine.model_config.vocab_size
-    # early sequences decode while later ones prefill: room for those tokens too
-    prefill_steps = -(-batch_size * context_len // engine.config.max_num_batched_tokens)
-    params = SamplingParams(max_tokens=1 if prefill else steps + prefill_steps + 1,
-                            temperature=0, ignore_eos=True)
+    # room for the tokens early sequences decode while later ones still prefill (at most one
+    # per step, and a step computes at least one prefill token); aborted at the end anyway
+    params = SamplingParams(max_tokens=1 if prefill else min(
+        engine.max_model_len - context_len, steps + 1 + batch_size * context_len),
+        temperature=0, ignore_eos=True)
     # fresh random prompts: no prefix-cache hit on an earlier call's
     prompts = torch.randint(10, vocab, (batch_size, context_len), generator=torch.Generator().manual_seed(
         int.from_bytes(os.urandom(4), "little"))).tolist()
     ids = [engine.add_request(p, params) for p in prompts]
+    hooks = []
     try:
         while not prefill and any(engine.requests[i].is_prefilling for i in ids):
             engine.step()  # untimed: bring every sequence to decoding
@@ -97,7 +109,7 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
             engine.step()
         total = time.perf_counter() - t
     finally:
-        for h in locals().get("hooks", []):
+        for h in hooks:
             h.remove()
         vars(model).pop("compute_logits", None)
         model.set_ops(old_ops)

@@ -19,8 +19,7 @@ def test_parts_cover_the_step_and_the_engine_is_left_clean(llm, batch, context, 
     free = llm.engine.kv_manager.num_free_blocks
     p = step_profile(llm, batch, context, prefill=prefill, steps=3)
     assert set(p.parts_ms) == set(PARTS) and p.steps == (1 if prefill else 3)
-    assert all(v >= 0 for v in p.parts_ms.values()), p.parts_ms
-    assert sum(p.parts_ms.values()) == pytest.approx(p.step_ms)
+    assert all(v >= 0 for v in p.parts_ms.values()), p.parts_ms  # "other" = step - timed parts
     assert p.parts_ms["linear"] > 0 and p.parts_ms["attention"] > 0 and p.parts_ms["norm"] > 0
     assert str(p).startswith(("prefill" if prefill else "decode") + f" batch {batch} x {context}")
     # nothing of the profiling stays behind
@@ -28,13 +27,22 @@ def test_parts_cover_the_step_and_the_engine_is_left_clean(llm, batch, context, 
     assert all(m.ops is ops for m in model.modules() if "ops" in vars(m))
     assert "compute_logits" not in vars(model)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert not any("profile" in k for m in model.modules() for k in vars(m))
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0))
     assert len(out[0].token_ids) == 3
 
 
-def test_refuses_a_busy_engine_and_a_prefill_larger_than_a_step(llm):
+def test_a_batch_that_decodes_while_others_still_prefill(llm):
+    """8 x 30 tokens take several 64-token steps to prefill; early sequences decode meanwhile."""
+    p = step_profile(llm, 8, 30, steps=2)
+    assert p.steps == 2 and not llm.engine.has_unfinished()
+
+
+def test_refuses_what_it_cannot_time(llm):
     with pytest.raises(ValueError, match="max_num_batched_tokens=64"):
         step_profile(llm, 2, 40, prefill=True)
+    with pytest.raises(ValueError, match="max_num_seqs=8"):
+        step_profile(llm, 9, 4)
     rid = llm.engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
     try:
         with pytest.raises(ValueError, match="idle engine"):

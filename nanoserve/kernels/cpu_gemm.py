@@ -39,12 +39,15 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class PackedLinear(nn.Module):
+    """An inference-only nn.Linear on a packed weight. `.to(dtype)` repacks; state_dict() gives
+    the dense `weight`, but loading one back is not supported: pack after loading weights."""
+
     def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.packed = packed  # a plain attribute: opaque tensors cannot be parameters
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.out_features, self.in_features = packed.shape
-        self._register_state_dict_hook(_dense_weight)
+        self.register_state_dict_post_hook(_dense_weight)
 
     @classmethod
     def from_linear(cls, m: nn.Linear) -> PackedLinear:
@@ -52,6 +55,10 @@ class PackedLinear(nn.Module):
 
     def forward(self, x):
         return linear(x, self.packed, self.bias)
+
+    def _apply(self, fn, recurse=True):  # .to(), .float(), ...: convert the dense weight, repack
+        self.packed = pack(fn(self.packed.to_dense()))
+        return super()._apply(fn, recurse)
 
 
 def _dense_weight(module: PackedLinear, state: dict, prefix: str, local_metadata) -> None:

@@ -84,6 +84,8 @@ def _decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scal
     most_blocks = -(-max(d_lens_cpu) // block_size)
     block_bytes = k_cache.element_size() * k_cache.stride(0)  # one block of K
     per_group = max(1, DECODE_GATHER_BYTES // (2 * most_blocks * block_bytes))
+    if qd.device.type != "cpu":  # the cache-sized groups are a CPU matter: one group elsewhere
+        per_group = D
     buf_k = k_cache.new_empty(min(D, per_group) * most_blocks, *k_cache.shape[1:])
     buf_v = torch.empty_like(buf_k)
     for s in range(0, D, per_group):

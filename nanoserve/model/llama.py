@@ -156,9 +156,11 @@ class LlamaForCausalLM(nn.Module):
     def process_weights_after_loading(self) -> None:
         """On a CPU oneDNN supports, run every matmul on prepacked weights (kernels/cpu_gemm.py).
 
-        The model runner calls this once (vLLM's name for the hook). Each nn.Linear becomes a
-        PackedLinear holding only the packed weight; the lm_head gets a packed copy beside its
-        dense one (the embedding lookup of a tied model needs the dense rows).
+        The model runner calls this once, after loading (vLLM's name for the hook); from then
+        on the linear weights are frozen: load_weights refuses the model. Each nn.Linear becomes
+        a PackedLinear holding only the packed weight. The lm_head gets a packed copy beside its
+        dense one: the embedding lookup of a tied model needs the dense rows, and an untied
+        model keeps its `lm_head` parameter for state_dict (one vocab x hidden matrix extra).
         """
         weight = self.embed_tokens.weight
         if weight.device.type != "cpu" or not cpu_gemm.supported(weight.dtype):

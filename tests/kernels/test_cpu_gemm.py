@@ -33,14 +33,35 @@ def test_state_dict_keeps_the_dense_weight():
     assert torch.equal(state["weight"], m.weight.detach()) and torch.equal(state["bias"], m.bias)
 
 
+def test_to_dtype_repacks():
+    m = nn.Linear(16, 24)
+    packed = cpu_gemm.PackedLinear.from_linear(m).to(torch.bfloat16)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(packed(x.bfloat16()).float(), F.linear(x, m.weight, m.bias),
+                               rtol=3e-2, atol=3e-2)
+
+
 def test_model_packs_every_linear_and_keeps_its_outputs():
     net, cfg, _ = load_model("preset:tiny", "cpu", "float32")
     dense = {k: v.clone() for k, v in net.state_dict().items()}
+    linears = {n: m for n, m in net.named_modules() if isinstance(m, nn.Linear)}
     hidden = torch.randn(4, cfg.hidden_size)
     want = net.compute_logits(hidden)
     net.process_weights_after_loading()
     assert not any(isinstance(m, nn.Linear) for m in net.modules())
-    assert sum(isinstance(m, cpu_gemm.PackedLinear) for m in net.modules()) == 4 * cfg.num_hidden_layers
+    assert len(linears) == 4 * cfg.num_hidden_layers
+    for name, old in linears.items():  # each swapped layer computes what the nn.Linear did
+        x = torch.randn(5, old.in_features)
+        torch.testing.assert_close(net.get_submodule(name)(x), old(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(net.compute_logits(hidden), want, rtol=1e-5, atol=1e-5)
     after = net.state_dict()
     assert set(after) == set(dense) and all(torch.equal(after[k], dense[k]) for k in dense)
+
+
+def test_loading_weights_into_a_packed_model_is_refused(tmp_path):
+    from nanoserve.model.loader import load_weights, save_hf_checkpoint
+    net, _, _ = load_model("preset:tiny", "cpu", "float32")
+    save_hf_checkpoint(net, str(tmp_path))
+    net.process_weights_after_loading()
+    with pytest.raises(ValueError, match="process_weights_after_loading"):
+        load_weights(net, str(tmp_path))
