@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from nanoserve import roofline, viz
+from nanoserve.ceilings import device_name
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine import LLM, LLMEngine, StepRecord
 from nanoserve.metrics import ServingMetrics, compute_metrics
@@ -31,11 +32,6 @@ from nanoserve.outputs import RequestOutput
 from nanoserve.sampling_params import SamplingParams
 from nanoserve.sim import drive, trace_batches
 from nanoserve.workload import Workload, interference, shared_prefix, synthetic
-
-
-def device_name(device: str | torch.device) -> str:
-    """CPU model name (from /proc/cpuinfo) or GPU name, as the roofline ceilings record it."""
-    return roofline._device_name(torch.device(device))
 
 
 def device_label(engine: LLMEngine) -> str:

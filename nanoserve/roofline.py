@@ -1,10 +1,8 @@
 """The roofline: measure the device's ceilings, count a step's FLOPs and bytes, plot both.
 
 Three parts:
-- `measure_ceilings` times a large copy (memory bandwidth), a batch-1 matrix-vector product
-  on a large weight (weight-read bandwidth: the best a decode step can do) and square matmuls
-  (peak FLOP/s per dtype), each the best of F.linear and, on CPU, oneDNN's packed weights;
-  `load_or_measure_ceilings` caches them per device in a small JSON.
+- the device's measured ceilings (ceilings.py, re-exported here: `measure_ceilings`,
+  `load_or_measure_ceilings`, `DeviceCeilings`), and `format_ceilings` to print them.
 - `step_cost` counts the FLOPs and the compulsory bytes of one model step from a ModelConfig
   and a batch given as (query_len, context_len) per sequence, split by term.
 - `roofline_time`, `decode_step_floor`, `ridge_point`, `critical_batch_size`, `mbu`, `mfu`
@@ -19,204 +17,22 @@ and each KV entry read once per step), so real kernels move at least this much, 
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import re
-import statistics
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from nanoserve.ceilings import (  # noqa: F401 (the roofline API names them)
+    CEILINGS_VERSION,
+    DeviceCeilings,
+    ceilings_cache_path,
+    device_name,
+    dtype_bytes,
+    dtype_name,
+    load_or_measure_ceilings,
+    measure_ceilings,
+)
 from nanoserve.config import ModelConfig
-from nanoserve.kernels import cpu_gemm
-
-_TORCH_DTYPES = {n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
-_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16",
-                  "fp16": "float16", "half": "float16"}
-
-
-def dtype_name(dtype: str | torch.dtype) -> str:
-    """'float32' for torch.float32, 'fp32' or 'float32'; ValueError for anything else."""
-    name = str(dtype).removeprefix("torch.")
-    name = _DTYPE_ALIASES.get(name, name)
-    if name not in _TORCH_DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'bfloat16', 'float16'")
-    return name
-
-
-def dtype_bytes(dtype: str | torch.dtype) -> int:
-    """Bytes per element: 4 for float32, 2 for bfloat16/float16."""
-    return getattr(torch, dtype_name(dtype)).itemsize
-
-
-# --- Measuring the ceilings ---
-
-@dataclass
-class DeviceCeilings:
-    """What one device attains on plain torch ops, measured on it (SI units)."""
-
-    device: str  # torch device type: "cpu", "cuda", ...
-    device_name: str  # CPU model or GPU name
-    num_threads: int  # torch intra-op threads during the measurement
-    torch_version: str
-    date: str  # ISO timestamp of the measurement
-    quick: bool  # smaller sizes and fewer repetitions
-    copy_bandwidth: float  # bytes/s, large copy, bytes read + bytes written
-    weight_read_bandwidth: float  # bytes/s, batch-1 fp32 linear: weight bytes / time
-    peak_flops: dict[str, float] = field(default_factory=dict)  # dtype name -> FLOP/s (matmul)
-    load_before: float | None = None  # CPU: 1-min load average before measuring; high = noisy
-
-    @property
-    def bandwidth(self) -> float:
-        """The roofline's slope: weight-read bandwidth, the rate a decode step can read weights."""
-        return self.weight_read_bandwidth
-
-    def peak(self, dtype: str | torch.dtype) -> float:
-        name = dtype_name(dtype)
-        if name not in self.peak_flops:
-            raise ValueError(f"no matmul ceiling for dtype {name!r} on {self.device_name}; "
-                             f"measured: {sorted(self.peak_flops)}")
-        return self.peak_flops[name]
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "cpu":
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        return platform.processor() or platform.machine() or "cpu"
-    return device.type
-
-
-def _time(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 3) -> float:
-    """Median seconds of fn() over reps calls, after warmup calls (first calls run slow)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    if device.type == "cuda":  # events time the GPU, not the launch
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        sync = torch.accelerator.synchronize if device.type != "cpu" else (lambda: None)
-        for _ in range(reps):
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _copy_bandwidth(device: torch.device, nbytes: int, reps: int) -> float:
-    """Large copy, bytes read + bytes written per second. Buffers far larger than any cache."""
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)  # touched: pages exist
-    dst = torch.empty_like(src)
-    return 2 * nbytes / _time(lambda: dst.copy_(src), device, reps)
-
-
-def _linears(w: torch.Tensor):
-    """The ways this device can multiply by weight w: F.linear, and on CPU oneDNN's packed
-    layout when it supports the dtype (what the engine runs, kernels/cpu_gemm.py)."""
-    fns = [lambda x: F.linear(x, w)]
-    if w.device.type == "cpu" and cpu_gemm.supported(w.dtype):
-        packed = cpu_gemm.pack(w)
-        fns.append(lambda x: cpu_gemm.linear(x, packed))
-    return fns
-
-
-def _weight_read_bandwidth(device: torch.device, k: int, reps: int) -> float:
-    """Batch-1 fp32 matrix-vector product, decode's inner loop: weight bytes per second.
-    The best of the available implementations, so that a floor is one no kernel beat."""
-    w = torch.randn(k, k, dtype=torch.float32, device=device)  # (out, in)
-    x = torch.randn(1, k, dtype=torch.float32, device=device)  # (batch=1, in)
-    return max(w.nbytes / _time(lambda: f(x), device, reps) for f in _linears(w))
-
-
-def _matmul_flops(device: torch.device, dtype: str, m: int, reps: int) -> float:
-    """Square (m, m) x (m, m) matmul in dtype, best implementation: 2 * m^3 FLOPs per second."""
-    a = torch.randn(m, m, device=device).to(getattr(torch, dtype))
-    b = torch.randn(m, m, device=device).to(getattr(torch, dtype))
-    return max(2 * m**3 / _time(lambda: f(a), device, reps) for f in _linears(b))
-
-
-@torch.inference_mode()
-def measure_ceilings(device: str | torch.device = "cpu",
-                     dtypes: Iterable[str] = ("float32", "bfloat16"),
-                     quick: bool = False) -> DeviceCeilings:
-    """Measure copy bandwidth, weight-read bandwidth and matmul FLOP/s per dtype (medians).
-
-    quick: 64 MiB buffers and weights and 1024^3 matmuls (about half a second on a 2-core CPU)
-    instead of 256 MiB and 2048^3. GPUs get 4x larger matmuls: 2048^3 is too short to fill one.
-    """
-    device = torch.device(device)
-    load = os.getloadavg()[0] if device.type == "cpu" and hasattr(os, "getloadavg") else None
-    reps = 3 if quick else 7
-    mib, k = (64, 4096) if quick else (256, 8192)  # k * k fp32 weight = mib MiB
-    m = (1024 if quick else 2048) * (4 if device.type == "cuda" else 1)
-    return DeviceCeilings(
-        device=device.type, device_name=_device_name(device),
-        num_threads=torch.get_num_threads(), torch_version=torch.__version__,
-        date=datetime.now().isoformat(timespec="seconds"), quick=quick,
-        copy_bandwidth=_copy_bandwidth(device, mib * 2**20, reps),
-        weight_read_bandwidth=_weight_read_bandwidth(device, k, 2 * reps),
-        peak_flops={dtype_name(dt): _matmul_flops(device, dtype_name(dt), m, reps)
-                    for dt in dtypes}, load_before=load)
-
-
-CEILINGS_VERSION = 2  # bumped when the way of measuring changes: older caches are not read
-
-
-def ceilings_cache_path(device: str | torch.device = "cpu") -> str:
-    """~/.cache/nanoserve/ceilings-<devicekey>.json ($NANOSERVE_CACHE_DIR replaces the folder).
-
-    The key names the device model, and on CPU the thread count, which the ceilings depend on.
-    """
-    device = torch.device(device)
-    key = f"{device.type}-{_device_name(device)}"
-    if device.type == "cpu":
-        key += f"-{torch.get_num_threads()}t"
-    key = re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")
-    folder = os.environ.get("NANOSERVE_CACHE_DIR") or os.path.expanduser("~/.cache/nanoserve")
-    return os.path.join(folder, f"ceilings-v{CEILINGS_VERSION}-{key}.json")
-
-
-def load_or_measure_ceilings(device: str | torch.device = "cpu", refresh: bool = False,
-                             quick: bool = False) -> DeviceCeilings:
-    """The cached ceilings of this device, measuring (and caching) them when missing.
-
-    A cached quick measurement does not answer a full request; a full one answers both.
-    refresh=True measures again. An unreadable cache file is measured over.
-    """
-    path = ceilings_cache_path(device)
-    if not refresh and os.path.exists(path):
-        try:
-            with open(path) as f:
-                cached = DeviceCeilings(**json.load(f))
-            if quick or not cached.quick:
-                return cached
-        except (OSError, ValueError, TypeError):
-            pass
-    ceilings = measure_ceilings(device, quick=quick)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(asdict(ceilings), f, indent=1)
-    return ceilings
 
 
 def format_ceilings(c: DeviceCeilings) -> str:

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from nanoserve import roofline
 from nanoserve.config import default_device
@@ -73,10 +72,7 @@ def linear_sweep(ceilings: roofline.DeviceCeilings, batches: Sequence[int], k: i
     dev = torch.device(ceilings.device)
     dtype = dtype_name(dtype or ("float32" if dev.type == "cpu" else "bfloat16"))
     w = torch.randn(k, k, device=dev).to(getattr(torch, dtype))  # (out, in)
-    kernel, linear = "F.linear", lambda x: F.linear(x, w)
-    if dev.type == "cpu" and cpu_gemm.supported(w.dtype):  # what the engine runs on this CPU
-        packed = cpu_gemm.pack(w)
-        kernel, linear = "oneDNN linear", lambda x: cpu_gemm.linear(x, packed)
+    kernel, linear = cpu_gemm.linear_for(w)  # what the engine runs on this device
     out = []
     for b in batches:
         x = torch.randn(b, k, device=dev).to(w.dtype)  # (batch, in)

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from nanoserve.config import ModelConfig
 from nanoserve.kernels import cpu_gemm, get_ops
