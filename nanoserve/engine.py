@@ -56,8 +56,9 @@ class LLMEngine:
     `scheduler_cls` lets a student's scheduler replace ours (same constructor and methods).
     """
 
-    def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
-                 seed: int = 0, config: EngineConfig | None = None, scheduler_cls=None,
+    def __init__(self, model: str | ModelConfig | None = None, device: str | None = None,
+                 dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
+                 scheduler_cls=None,
                  clock: Callable[[], float] = time.perf_counter, *, model_config: ModelConfig | None = None,
                  executor=None, tokenizer=None):
         self.config = config = config or EngineConfig()

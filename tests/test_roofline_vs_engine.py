@@ -18,14 +18,14 @@ from nanoserve.roofline import decode_batch, measure_ceilings, prefill_batch, ro
 FACTOR = (0.7, 6.0)
 
 
+SHAPE = ModelConfig(vocab_size=8000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024)
+
+
 @pytest.fixture(scope="module")
 def setup():
-    import nanoserve.model.presets as presets
-    presets.PRESETS["roofline-test"] = dict(vocab_size=8000, hidden_size=512, intermediate_size=1536,
-                                            num_hidden_layers=4, num_attention_heads=8,
-                                            num_key_value_heads=4, max_position_embeddings=1024)
-    eng = LLMEngine("preset:roofline-test", config=EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512))
-    return eng, ModelConfig(**presets.PRESETS.pop("roofline-test")), measure_ceilings("cpu", ("float32",), quick=True)
+    eng = LLMEngine(SHAPE, config=EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512))
+    return eng, SHAPE, measure_ceilings("cpu", ("float32",), quick=True)
 
 
 def timed_steps(eng, prompts, max_tokens):
@@ -37,6 +37,7 @@ def timed_steps(eng, prompts, max_tokens):
     return eng.trace[start:]
 
 
+@pytest.mark.serial  # times real steps: run alone, not beside another xdist worker
 def test_prefill_and_decode_step_times_are_within_the_stated_factor_of_the_roofline(setup):
     eng, cfg, ceil = setup
     timed_steps(eng, [[7] * 64], 4)  # warm-up

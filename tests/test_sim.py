@@ -17,7 +17,6 @@ from nanoserve import LLM, EngineConfig, ModelConfig
 from nanoserve.bench import replay as bench_replay
 from nanoserve.disagg import goodput_sweep, simulate_colocated, simulate_disaggregated
 from nanoserve.metrics import compute_metrics, itls, ttft
-from nanoserve.model.presets import PRESETS
 from nanoserve.roofline import DeviceCeilings, ceilings_cache_path, step_cost
 from nanoserve.sim import CostModel, calibrate, drive, sim_engine, simulate
 from nanoserve.sim_devices import (
@@ -200,9 +199,11 @@ def test_simulates_2000_requests_of_a_70b_model(capsys):
 
 # --- validation against the real engine --------------------------------------------------
 
-SIM_TEST_SHAPE = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+SIM_TEST_SHAPE = ModelConfig(vocab_size=4096, hidden_size=256, intermediate_size=768,
+                             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=2048)
 TOLERANCE = 0.25
+REPEATS = 3  # real runs per workload; each statistic's error is the median over them
 ENGINE = dict(max_num_seqs=32, max_num_batched_tokens=128)
 
 
@@ -221,7 +222,9 @@ def validation_workloads() -> dict[str, Workload]:
     }
 
 
-STATS = [(k, p) for k in ("ttft", "itl") for p in ("median", "p99")]
+# What the simulator is for: typical and high-percentile latency. A p99 of a few hundred ITL
+# samples is decided by a handful of steps that the machine's noise slowed, not by the model.
+STATS = [(k, p) for k in ("ttft", "itl") for p in ("median", "p90")]
 
 
 def stats(m) -> dict[str, float]:
@@ -233,13 +236,22 @@ def errors(real: dict, sim: dict) -> dict[str, float]:
     return {k: sim[k] / real[k] - 1 for k in real}
 
 
-def simulated_stats(w, cost_model, config, seeds=20) -> dict[str, float]:
+def scaled(cm: CostModel, factor: float) -> CostModel:
+    """A wrong cost model: every step `factor` times as long (the mutant the test must catch)."""
+    return replace(cm, overhead=cm.overhead * factor, per_seq=cm.per_seq * factor,
+                   s_byte=cm.s_byte * factor, s_flop=cm.s_flop * factor, s_attn=cm.s_attn * factor,
+                   residuals={k: tuple(r * factor for r in v) for k, v in cm.residuals.items()})
+
+
+def simulated_stats(w, cost_model, config, seeds=10) -> dict[str, float]:
     """The calibrated model adds measured noise at random, so one simulated run is one draw:
-    take each statistic's median over seeded runs of the same size as the real one (a p99
-    of 32 requests is not the p99 of 640 pooled ones)."""
-    cfg = ModelConfig(**SIM_TEST_SHAPE)
-    runs = [stats(simulate(w, cfg, cost_model, config, "float32", seed=s).metrics())
+    take each statistic's median over seeded runs of the same size as the real one."""
+    runs = [stats(simulate(w, SIM_TEST_SHAPE, cost_model, config, "float32", seed=s).metrics())
             for s in range(seeds)]
+    return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+
+
+def median_errors(runs: list[dict[str, float]]) -> dict[str, float]:
     return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
 
 
@@ -254,37 +266,41 @@ def one_thread():
 
 @pytest.mark.slow
 @pytest.mark.serial  # times the real engine: run alone, not beside another xdist worker
-def test_sim_matches_real_engine_on_cpu(monkeypatch, one_thread):
-    monkeypatch.setitem(PRESETS, "sim-test", SIM_TEST_SHAPE)
-
+def test_sim_matches_real_engine_on_cpu(one_thread):
     def fresh_engine():  # fresh each run: a warm prefix cache would change the next run
-        return LLM("preset:sim-test", device="cpu", dtype="float32",
-                   config=EngineConfig(**ENGINE)).engine
+        return LLM(SIM_TEST_SHAPE, device="cpu", dtype="float32", config=EngineConfig(**ENGINE)).engine
 
     replay(fresh_engine(), synthetic(8, 64, 8, vocab_size=4096, seed=9))  # warm up torch
-    report = {}
+    models = {"calibrated": 1.0, "2x slow (mutant)": 2.0, "2x fast (mutant)": 0.5}
+    found = {name: {} for name in models}  # model -> workload -> median error per statistic
+    lines = []
     for name, w in validation_workloads().items():
-        best = None
-        for _ in range(2):  # a noisy machine: of two real runs keep the one the sim matches best
+        per_model = {m: [] for m in models}
+        for _ in range(REPEATS):  # each real run is calibrated on itself and simulated
             engine = fresh_engine()
             outs = replay(engine, w)
+            real = stats(compute_metrics(outs))
             cal = calibrate(engine.trace, engine.model_config, "float32", outs)
             sim_cfg = EngineConfig(**ENGINE, num_kv_blocks=engine.num_kv_blocks)
-            err = errors(stats(compute_metrics(outs)), simulated_stats(w, cal.cost_model, sim_cfg))
-            if best is None or max(map(abs, err.values())) < max(map(abs, best[0].values())):
-                best = (err, cal, outs, sim_cfg)
-            if max(map(abs, err.values())) <= TOLERANCE:
-                break
-        report[name] = best
-    summary = "\n".join(f"{n}: " + " ".join(f"{k} {100 * v:+.0f}%" for k, v in b[0].items())
-                        + f"\n  {b[1].describe()}" for n, b in report.items())
-    print("\nsimulator vs real engine (sim / real - 1):\n" + summary)
-    for name, (err, _, _, _) in report.items():
+            for m, factor in models.items():
+                per_model[m].append(errors(real, simulated_stats(w, scaled(cal.cost_model, factor),
+                                                                 sim_cfg)))
+        for m in models:
+            found[m][name] = median_errors(per_model[m])
+            lines.append(f"{name:<14}{m:<18}" + " ".join(
+                f"{k} {100 * v:+.0f}%" for k, v in found[m][name].items()))
+        lines.append(f"  last run {cal.describe()}")
+        last = (w, real, cal, sim_cfg)
+    summary = "\n".join(lines)
+    print("\nsimulator vs real engine (sim / real - 1, median over "
+          f"{REPEATS} calibrated runs):\n{summary}")
+    for name, err in found["calibrated"].items():
         assert all(abs(v) <= TOLERANCE for v in err.values()), f"{name} off\n{summary}"
-
-    # The comparison has teeth: the same calibrated cost model with prefix caching off misses
-    # the real shared-prefix run by more than the tolerance.
-    _, cal, outs, sim_cfg = report["shared_prefix"]
-    wrong = simulated_stats(validation_workloads()["shared_prefix"], cal.cost_model,
-                            replace(sim_cfg, enable_prefix_caching=False))
-    assert max(map(abs, errors(stats(compute_metrics(outs)), wrong).values())) > TOLERANCE
+    # The comparison has teeth: a cost model off by 2x either way misses every workload.
+    for m in ("2x slow (mutant)", "2x fast (mutant)"):
+        for name, err in found[m].items():
+            assert max(map(abs, err.values())) > TOLERANCE, f"{m} passes {name}\n{summary}"
+    # ... and so does the right cost model with the wrong scheduler: prefix caching off.
+    w, real, cal, sim_cfg = last  # shared_prefix, the last workload
+    wrong = simulated_stats(w, cal.cost_model, replace(sim_cfg, enable_prefix_caching=False))
+    assert max(map(abs, errors(real, wrong).values())) > TOLERANCE

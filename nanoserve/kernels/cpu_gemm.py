@@ -69,7 +69,11 @@ class PackedLinear(nn.Module):
         return linear(x, self.packed, self.bias)
 
     def _apply(self, fn, recurse=True):  # .to(), .float(), ...: convert the dense weight, repack
-        self.packed = pack(fn(self.packed.to_dense()))
+        dense = fn(self.packed.to_dense())
+        if dense.device.type != "cpu" or not supported(dense.dtype):
+            raise ValueError(f"PackedLinear cannot move to {dense.dtype} on {dense.device}: oneDNN "
+                             "has no such kernel here; convert the model before packing it")
+        self.packed = pack(dense)
         return super()._apply(fn, recurse)
 
 

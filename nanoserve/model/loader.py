@@ -111,10 +111,15 @@ def load_weights(model: LlamaForCausalLM, folder: str) -> None:
         raise ValueError(f"checkpoint {folder!r} lacks weights for {sorted(missing)[:5]}")
 
 
-def load_model(model: str, device="cpu", dtype="float32", seed: int = 0):
-    """-> (LlamaForCausalLM in eval mode on device, ModelConfig, checkpoint folder or None)."""
+def load_model(model: str | ModelConfig, device="cpu", dtype="float32", seed: int = 0):
+    """-> (LlamaForCausalLM in eval mode on device, ModelConfig, checkpoint folder or None).
+
+    model: a checkpoint folder, a hub id, "preset:NAME", or a ModelConfig (random weights of
+    that shape, like a preset)."""
     torch_dtype = resolve_dtype(dtype)
-    if model.startswith("preset:"):
+    if isinstance(model, ModelConfig):
+        cfg, folder = model, None
+    elif model.startswith("preset:"):
         cfg, folder = preset_config(model.split(":", 1)[1]), None
     else:
         folder = resolve_model_path(model)
