@@ -17,12 +17,17 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/python -m nanoserve demo
 
-# Two pytest workers on two cores: one OpenMP thread each (more threads than cores is many times slower).
+# Two pytest workers on two cores: one OpenMP thread each (more threads than cores is many times
+# slower). Timing tests (marker serial) run alone afterwards. Every stage runs even if an earlier
+# one failed, so one report shows everything; the target fails if any stage did.
 test: $(BIN)/.installed
-	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope -m "not serial" tests
-	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -m serial tests
+	@status=0; \
+	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope -m "not serial" tests || status=1; \
+	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -m serial tests || status=1; \
 	if ls notebooks/*.ipynb >/dev/null 2>&1; then \
-	  OMP_NUM_THREADS=1 NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope --nbval-lax notebooks; fi
+	  OMP_NUM_THREADS=1 NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope --nbval-lax notebooks \
+	    || status=1; fi; \
+	exit $$status
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check nanoserve tests exercises solutions benchmarks scripts

@@ -213,8 +213,8 @@ def nanoserve_logits(llm, tokens: list[int]):
     import torch
 
     from nanoserve import SamplingParams
-    from nanoserve.request import Request
-    from nanoserve.scheduler import ScheduledSeq
+    from nanoserve.engine.request import Request
+    from nanoserve.engine.scheduler import ScheduledSeq
     runner, kv, params = llm.engine.executor, llm.engine.kv_manager, SamplingParams(max_tokens=1)
     req = Request("probe", tokens, params, 0.0, 10**6)
     assert kv.allocate_slots(req, len(tokens))
@@ -271,13 +271,13 @@ def sec_equivalence(ctx):
 def sec_ceilings(ctx):
     import torch
     try:
-        from nanoserve.roofline import measure_ceilings
+        from nanoserve.measure.roofline import measure_ceilings
         c = measure_ceilings(ctx.dev, dtypes=("float32", "bfloat16"), quick=ctx.dry)
         ctx.fig("copy_bandwidth", c.copy_bandwidth / 1e9, "GB/s (read + written)")
         ctx.fig("weight_read_bandwidth_fp32_b1", c.weight_read_bandwidth / 1e9, "GB/s")
         for dt, flops in c.peak_flops.items():
             ctx.fig(f"matmul_{dt}", flops / 1e12, "TFLOP/s")
-        return ctx.info(source="nanoserve.roofline.measure_ceilings", device_name=c.device_name)
+        return ctx.info(source="nanoserve.measure.roofline.measure_ceilings", device_name=c.device_name)
     except Exception as e:  # roofline.py changed under us: measure here
         ctx.info(roofline_error=f"{type(e).__name__}: {e}", source="fallback: 10 ops in a row, median of 5")
     n, m = (64 << 20, 512) if ctx.dry else (1 << 30, 8192)

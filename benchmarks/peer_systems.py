@@ -28,9 +28,9 @@ from dataclasses import asdict, replace
 import torch
 
 from nanoserve import LLM, EngineConfig, SamplingParams
-from nanoserve.bench import replay, scheduler_overhead
-from nanoserve.step_profile import step_profile
-from nanoserve.workload import Workload, WorkloadRequest, greedy_params
+from nanoserve.measure.bench import replay, scheduler_overhead
+from nanoserve.measure.step_profile import step_profile
+from nanoserve.measure.workload import Workload, WorkloadRequest, greedy_params
 
 # Variants:
 #   main: the system's throughput settings (nanoserve: 2048-token steps, prefix caching on)

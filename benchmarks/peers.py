@@ -41,11 +41,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # peer_systems beside this file
 from peer_systems import VLLM, HFContinuous, HFGenerate, NanoServe, vllm_available  # noqa: E402
 
-from nanoserve import roofline  # noqa: E402
-from nanoserve.bench import device_name  # noqa: E402
+from nanoserve.measure import roofline  # noqa: E402
+from nanoserve.measure.ceilings import device_name  # noqa: E402
+from nanoserve.measure.workload import interference, shared_prefix, synthetic  # noqa: E402
 from nanoserve.model import load_model  # noqa: E402
 from nanoserve.model.loader import save_hf_checkpoint  # noqa: E402
-from nanoserve.workload import interference, shared_prefix, synthetic  # noqa: E402
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SIZES = {

@@ -11,9 +11,9 @@ import argparse
 import time
 
 from nanoserve import EngineConfig
+from nanoserve.measure.workload import LogNormal, synthetic
 from nanoserve.sim import simulate
-from nanoserve.sim_devices import DEVICES, model_shape
-from nanoserve.workload import LogNormal, synthetic
+from nanoserve.sim.devices import DEVICES, model_shape
 
 
 def main():

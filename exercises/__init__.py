@@ -7,5 +7,5 @@ code can be checked against them and plugged into the engine:
     python -m nanoserve grade            # score every exercise
     python -m nanoserve grade ex04       # just one
     LLM("preset:tiny", scheduler=ContinuousScheduler)                   # ex04, ex05
-    nanoserve.grade.use_kernels(llm, paged_attention=paged_attention)   # ex03 (ex08: rms_norm)
+    nanoserve.kernels.use_kernels(llm, paged_attention=paged_attention)   # ex03 (ex08: rms_norm)
 """

@@ -4,7 +4,7 @@ A step can't run faster than the bytes it must move divided by the memory bandwi
 faster than the FLOPs it must do divided by the peak FLOP/s. Arithmetic intensity (FLOPs per
 byte) says which of the two binds: below the device's *ridge point* (peak / bandwidth) work is
 memory-bound, above it compute-bound. These functions count a linear layer and attention the
-way `nanoserve.roofline.step_cost` counts a whole model step, then turn counts into a floor.
+way `nanoserve.measure.roofline.step_cost` counts a whole model step, then turn counts into a floor.
 
 Plain numbers in, plain numbers out, SI units: bytes, FLOPs, seconds, bytes/s, FLOP/s.
 A "token" is one row of activations; `dtype_bytes` is 4 for fp32, 2 for bf16/fp16.

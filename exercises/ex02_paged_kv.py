@@ -12,7 +12,7 @@ Worked example, block_size 4, block table [7, 2]: positions 0..3 go to slots 28.
 positions 4..5 to slots 8..9 (block 2). Blocks need not be contiguous or in order; that is the
 point: memory is handed out a block at a time, as a sequence grows, without fragmentation.
 
-The engine computes a slot mapping for every token of a step (runner.py), writes the new K/V
+The engine computes a slot mapping for every token of a step (engine/model_runner.py), writes the new K/V
 through it (`reshape_and_cache`) and attention reads the context back by block table.
 Compare with `nanoserve.kernels.reference`; don't call it.
 """

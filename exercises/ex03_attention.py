@@ -4,13 +4,15 @@ Every step the engine sends *one* batch through the model: the tokens of all sch
 requests concatenated, prefill chunks and single decode tokens alike. Attention is the only
 layer that must know where one request ends and the next begins. You get:
 
-    q:               (T, num_heads, head_dim)   the step's queries, requests one after another
-    query_start_loc: (B+1,) int32               request b owns rows query_start_loc[b] .. [b+1]-1
-    seq_lens:        (B,) int32                 request b's context length *including* this step
-    block_tables:    (B, max_blocks) int32      request b's block table, padded with any valid id
-    k_cache, v_cache: (num_blocks, block_size, num_kv_heads, head_dim), this step's K/V already
-                     written (exercise 2)
-    scale:           multiply q.k by this (head_dim ** -0.5)
+    q:                    (T, num_heads, head_dim)  the step's queries, requests one after another
+    k_cache, v_cache:     (num_blocks, block_size, num_kv_heads, head_dim), this step's K/V
+                          already written (exercise 2)
+    attn: AttentionMetadata, built once per step by the model runner, read by every layer:
+      attn.query_start_loc: (B+1,) int32  request b owns rows query_start_loc[b] .. [b+1]-1
+      attn.seq_lens:        (B,) int32    request b's context length *including* this step
+      attn.block_tables:    (B, max_blocks) int32  request b's block table, padded with any id
+      attn.query_start_loc_cpu, attn.seq_lens_cpu: the same numbers as Python lists, or None
+    scale:                multiply q.k by this (head_dim ** -0.5)
 
 Request b has q_len = query_start_loc[b+1] - query_start_loc[b] new tokens; its j-th new token
 sits at position seq_lens[b] - q_len + j and attends to the keys at positions 0 .. its own
@@ -22,22 +24,21 @@ keys 0..5; a chunk of 3 tokens after 4 cached ones (q_len 3, seq_len 7) has posi
 and its first token sees keys 0..4, its last keys 0..6.
 
 The signature is `nanoserve.kernels.reference.paged_attention`'s, so yours can replace it
-in the engine: `nanoserve.grade.use_kernels(llm, paged_attention=paged_attention)`.
+in the engine: `nanoserve.kernels.use_kernels(llm, paged_attention=paged_attention)`.
 Aim for vectorised torch (no Python loop over tokens); compute softmax in fp32.
 """
 
 import torch
 
+from nanoserve.kernels import AttentionMetadata
+
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                    seq_lens: torch.Tensor, scale: float,
-                    query_start_loc_cpu: list[int] | None = None,
-                    seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
+                    attn: AttentionMetadata, scale: float) -> torch.Tensor:
     """Causal attention of every token of the batch over its own request's paged context.
 
-    Returns (T, num_heads, head_dim) in q's dtype. The *_cpu arguments, when given, are the same
-    numbers as Python lists (use them to avoid reading tensors back from a GPU; or ignore them).
+    Returns (T, num_heads, head_dim) in q's dtype. The *_cpu lists, when not None, save reading
+    tensors back from a GPU; ignoring them is fine.
     Hint: give every token its request index and position (torch.repeat_interleave), gather
     each request's keys with its block table, mask key_pos > query_pos with -inf, softmax.
     """

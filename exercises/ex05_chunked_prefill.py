@@ -23,7 +23,7 @@ step 3, when its chunk reaches the end of the prompt. Every step but the last is
 
 from __future__ import annotations
 
-from nanoserve.scheduler import SchedulerOutput
+from nanoserve.engine.scheduler import SchedulerOutput
 
 from .ex04_scheduler import BaseScheduler
 

@@ -2,7 +2,7 @@
 
 Many requests start with the same tokens (a system prompt, a few-shot preamble, the earlier
 turns of a chat). Their K/V for that prefix is the same, so a request can reuse blocks another
-request computed, if it can find them. vLLM (and nanoserve.kv_cache) do it like this:
+request computed, if it can find them. vLLM (and nanoserve.engine.kv_cache) do it like this:
 
 - A *full* block is named by a hash of (its parent block's hash, its token ids): the hash of
   block i identifies all tokens 0 .. (i+1)*block_size - 1, not just the block's own tokens.
@@ -15,7 +15,7 @@ request computed, if it can find them. vLLM (and nanoserve.kv_cache) do it like 
   frees its blocks last block first, so its prefix (the most shareable part) is evicted last.
 
 Write `block_hashes` and `PrefixCachingBlockPool`, a standalone version of
-`nanoserve.kv_cache.BlockPool` + `KVCacheManager.get_computed_blocks` / `allocate_slots` /
+`nanoserve.engine.kv_cache.BlockPool` + `KVCacheManager.get_computed_blocks` / `allocate_slots` /
 `free` that allocates whole prompts. Its observable behaviour (cached tokens, free blocks,
 which blocks are shared) must match nanoserve's; the block ids you choose may differ.
 

@@ -14,7 +14,7 @@ Worked example: arrival 0.0, token_times [0.5, 0.6, 0.8], finished 0.8: TTFT 0.5
 
 A request is *completed* when finished, not aborted (finish_reason != "abort"), with at least
 one token, a first_token_time and a finished_time. Only completed requests count in goodput
-and stratification. Compare with `nanoserve.metrics` when you are done; don't call it.
+and stratification. Compare with `nanoserve.measure.metrics` when you are done; don't call it.
 """
 
 from __future__ import annotations

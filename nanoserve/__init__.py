@@ -2,6 +2,9 @@
 
     from nanoserve import LLM, SamplingParams
     outs = LLM("preset:tiny").generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))
+
+The package is layered, top to bottom (an import goes down or stays inside its layer):
+course -> sim, serve -> measure -> engine -> model -> kernels -> config, sampling_params, outputs.
 """
 
 from nanoserve.config import EngineConfig, ModelConfig

@@ -9,10 +9,10 @@ import sys
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "grade":  # grade and bench have their own parsers
-        from nanoserve.grade import main as grade_main
+        from nanoserve.course.grade import main as grade_main
         return grade_main(argv[1:])
     if argv and argv[0] == "bench":
-        from nanoserve.bench import main as bench_main
+        from nanoserve.measure.bench import main as bench_main
         return bench_main(argv[1:])
     ap = argparse.ArgumentParser(prog="nanoserve", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -28,10 +28,10 @@ def main(argv=None) -> int:
     r.add_argument("--quick", action="store_true", help="smaller, faster measurements")
     args = ap.parse_args(argv)
     if args.cmd == "demo":
-        from nanoserve.demo import run_demo
+        from nanoserve.course.demo import run_demo
         run_demo(args.model, args.max_tokens, args.device)
     elif args.cmd == "roofline":
-        from nanoserve.roofline import format_ceilings, load_or_measure_ceilings
+        from nanoserve.measure.roofline import format_ceilings, load_or_measure_ceilings
         print(format_ceilings(load_or_measure_ceilings(args.device, args.refresh, args.quick)))
     return 0
 

@@ -106,7 +106,7 @@ class EngineConfig:
 
     block_size: int = 16  # tokens per KV-cache block
     num_kv_blocks: int | None = None  # None: sized from kv_cache_memory / gpu_memory_utilization
-    kv_cache_memory: int | None = None  # bytes for the KV cache; None: CPU 1 GiB, CUDA by utilization
+    kv_cache_memory: int | None = None  # bytes for the KV cache; None: CPU 512 MiB, CUDA by utilization
     gpu_memory_utilization: float = 0.9  # CUDA: fraction of total memory the engine may use
     max_num_seqs: int = 64  # most requests in the running batch
     max_num_batched_tokens: int = 512  # token budget of one step
@@ -141,6 +141,14 @@ class EngineConfig:
         check("scheduling_policy", self.scheduling_policy in ("continuous", "static"),
               "'continuous' or 'static'")
         check("priority", self.priority in ("decode", "prefill"), "'decode' or 'prefill'")
+
+    def max_model_len_for(self, model_config: ModelConfig) -> int:
+        """max_model_len, or the model's max_position_embeddings; never beyond the latter."""
+        limit = model_config.max_position_embeddings
+        if self.max_model_len is not None and self.max_model_len > limit:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={limit}")
+        return self.max_model_len or limit
 
 
 def default_device() -> str:

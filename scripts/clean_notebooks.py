@@ -16,6 +16,7 @@ import sys
 
 import nbformat
 
+
 def clean(nb) -> bool:
     """Clear every code cell's outputs, count and execution timestamps; drop transient widget
     state. -> whether anything changed."""

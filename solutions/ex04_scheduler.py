@@ -33,7 +33,7 @@ Worked example (budget 8, max_num_seqs 3): running A and B decode (2 tokens); wa
 [A:1, B:1, C:5]. Next step, if A finished, D is admitted beside B's and C's decodes.
 
 `BaseScheduler` is given: it is nanoserve's Scheduler (queues, abort, update_from_output, the
-KV manager in `self.kv`) with four public helpers. Plug yours in with
+KV manager in `self.kv`, and the four public helpers above) without a `schedule`. Plug yours in with
 `LLM("preset:tiny", scheduler=ContinuousScheduler)`; greedy outputs must not change.
 Out of scope: a prompt longer than the whole budget (it would never be admitted; exercise 5
 chunks it), priorities, static batching.
@@ -41,8 +41,7 @@ chunks it), priorities, static batching.
 
 from __future__ import annotations
 
-from nanoserve.request import Request, RequestStatus
-from nanoserve.scheduler import Scheduler, SchedulerOutput
+from nanoserve.engine.scheduler import Scheduler, SchedulerOutput
 
 
 class BaseScheduler(Scheduler):
@@ -51,48 +50,13 @@ class BaseScheduler(Scheduler):
     State you read: self.config (EngineConfig), self.kv (KVCacheManager), self.waiting (deque of
     Request, by arrival; preempted requests go back to its head), self.running (list of Request,
     admission order). A Request has num_tokens (prompt + output so far), num_computed_tokens
-    (tokens whose KV is in the cache) and metrics.arrival_time.
+    (tokens whose KV is in the cache) and metrics.arrival_time. The moves you make are the
+    Scheduler's public helpers: next_waiting(now), admit(req, num_cached, n, out, now),
+    add(req, n, out) and preempt(req, out); each keeps the bookkeeping right.
     """
 
     def schedule(self, now: float) -> SchedulerOutput:
         raise NotImplementedError("subclasses write schedule(now)")
-
-    def next_waiting(self, now: float) -> Request | None:
-        """The head of the waiting queue if it has arrived by `now`, else None."""
-        return self._admissible_head(now)
-
-    def add(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> None:
-        """Schedule the next num_new_tokens tokens of running request `req` (its slots reserved)."""
-        self._add(req, num_new_tokens, out)
-
-    def admit(self, req: Request, num_cached: int, num_new_tokens: int, out: SchedulerOutput,
-              now: float) -> None:
-        """Move `req`, the head of the waiting queue, to running; it reuses num_cached tokens of
-        prefix cache and computes num_new_tokens now (slots already reserved by allocate_slots)."""
-        if not self.waiting or self.waiting[0] is not req:
-            raise ValueError(f"admit(): request {req.request_id} is not the head of the waiting queue")
-        self.waiting.popleft()
-        self.running.append(req)
-        req.status = RequestStatus.RUNNING
-        req.num_computed_tokens = num_cached
-        if req.num_cached_tokens < 0:
-            req.num_cached_tokens = num_cached
-        if req.metrics.first_scheduled_time is None:
-            req.metrics.first_scheduled_time = now
-        self.stats.cached_prompt_tokens += num_cached
-        self._add(req, num_new_tokens, out)
-
-    def preempt(self, req: Request, out: SchedulerOutput) -> None:
-        """Take `req` out of running, free its blocks and put it at the head of the waiting queue;
-        it will be recomputed from scratch when admitted again (its output so far is kept)."""
-        if req in self.running:
-            self.running.remove(req)
-        self._preempt(req, out)
-
-    def update_from_output(self, out, sampled, now):
-        if out.seqs:
-            self.stats.steps += 1  # Scheduler counts steps in schedule(); here yours needn't
-        return super().update_from_output(out, sampled, now)
 
 
 class ContinuousScheduler(BaseScheduler):

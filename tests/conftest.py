@@ -11,6 +11,9 @@ os.environ.setdefault("NANOSERVE_QUICK", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from nanoserve import ModelConfig  # noqa: E402
+from nanoserve.engine import Executor  # noqa: E402
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # two workers on two cores: more OpenMP threads than cores makes small ops many times slower
     torch.set_num_threads(1)
@@ -63,6 +66,25 @@ def hf_models(tmp_path_factory):
             cache[arch] = (make_hf_model(arch, folder), folder)
         return cache[arch]
     return get
+
+
+class FakeExecutor(Executor):
+    """A model-free executor: the real scheduler and KV manager run, tokens are a hash of
+    (request, position) (never EOS id 0). Keeps every SchedulerOutput it ran, and the ids it
+    was told to forget."""
+
+    def __init__(self, vocab_size: int = 2000):
+        self.model_config = ModelConfig(vocab_size=vocab_size, hidden_size=8, intermediate_size=8,
+                                        num_hidden_layers=1, num_attention_heads=1,
+                                        max_position_embeddings=4096, eos_token_id=0)
+        self.steps, self.finished = [], []
+
+    def execute_model(self, out):
+        self.steps.append(out)
+        return {s.request_id: 1 + (hash((s.request_id, s.start)) % 99) for s in out.seqs if s.sample}
+
+    def finish_requests(self, request_ids):
+        self.finished.extend(request_ids)
 
 
 def assert_no_leaks(engine):

@@ -11,9 +11,9 @@ import pytest
 matplotlib.use("Agg")
 
 from nanoserve import LLM, EngineConfig, SamplingParams  # noqa: E402
-from nanoserve.bench import main, make_workload, replay, scheduler_overhead  # noqa: E402
-from nanoserve.roofline import DeviceCeilings  # noqa: E402
-from nanoserve.workload import Workload, WorkloadRequest, greedy_params, synthetic  # noqa: E402
+from nanoserve.measure.bench import main, make_workload, replay, scheduler_overhead  # noqa: E402
+from nanoserve.measure.roofline import DeviceCeilings  # noqa: E402
+from nanoserve.measure.workload import Workload, WorkloadRequest, greedy_params, synthetic  # noqa: E402
 
 LATE = 0.3  # seconds after t0 that the last request arrives
 FAKE_CEILINGS = DeviceCeilings("cpu", "test cpu", 2, "0", "2026-01-01", False, 30e9, 25e9,
@@ -57,7 +57,7 @@ def test_replay_respects_arrival_times(result):
 
 def test_trace_covers_this_run_only(result):
     ids = {o.request_id for o in result.outputs}
-    seen = {rid for rec in result.trace for rid, _, _ in rec.entries}
+    seen = {e.request_id for rec in result.trace for e in rec.entries}
     assert seen == ids  # warm-up and the earlier generate are not in it
     assert all(rec.start >= result.start for rec in result.trace)
     steps = [rec.step for rec in result.trace]
@@ -138,7 +138,7 @@ def test_cli_prints_metrics_and_saves_figure(capsys, tmp_path):
 def test_cli_prints_mbu_from_cached_ceilings(capsys, tmp_path, monkeypatch):
     from dataclasses import asdict
 
-    from nanoserve.roofline import ceilings_cache_path
+    from nanoserve.measure.roofline import ceilings_cache_path
     monkeypatch.setenv("NANOSERVE_CACHE_DIR", str(tmp_path))
     with open(ceilings_cache_path("cpu"), "w") as f:
         json.dump(asdict(FAKE_CEILINGS), f)
@@ -162,7 +162,7 @@ def test_peers_quick_smoke(tmp_path, monkeypatch):
     """nanoserve alone, fp32, quick sizes: every figure and the report files (timings not judged)."""
     from dataclasses import asdict
 
-    from nanoserve.roofline import ceilings_cache_path
+    from nanoserve.measure.roofline import ceilings_cache_path
     peers = load_peers()
     monkeypatch.setattr(peers, "other_cpu_load", lambda interval=1.0: 0.0)
     monkeypatch.setenv("NANOSERVE_CACHE_DIR", str(tmp_path))

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nanoserve.cost import (
+from nanoserve.measure.cost import (
     PROVIDER_PRICES,
     Run,
     attribute_time,

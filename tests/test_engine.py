@@ -95,7 +95,8 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batch(llm):
     mixed = llm.generate([[2, 7], [3, 1, 4, 1, 5], [8] * 9],
                          [SamplingParams(max_tokens=5, temperature=1.0), p, SamplingParams(max_tokens=3)])
     assert mixed[1].token_ids == alone
-    unseeded = {tuple(llm.generate([[3, 1, 4, 1, 5]], SamplingParams(max_tokens=12, temperature=1.0))[0].token_ids)
+    unseeded = {tuple(llm.generate([[3, 1, 4, 1, 5]],
+                                   SamplingParams(max_tokens=12, temperature=1.0))[0].token_ids)
                 for _ in range(3)}
     assert len(unseeded) > 1, "temperature sampling without a seed should vary"
 
@@ -150,7 +151,7 @@ def test_custom_clock_and_future_arrivals():
 
 
 def test_generate_raises_instead_of_spinning_when_a_scheduler_makes_no_progress():
-    from nanoserve.scheduler import Scheduler, SchedulerOutput
+    from nanoserve.engine.scheduler import Scheduler, SchedulerOutput
 
     class Idle(Scheduler):
         def schedule(self, now):

@@ -1,15 +1,16 @@
-"""nanoserve.experiments: every function lessons 00-04 call, in quick mode on the tiny preset,
+"""nanoserve.course.experiments: every function lessons 00-04 call, in quick mode on the tiny preset,
 checked for what the lessons say about their results (not for timings, which are noise here)."""
 
 import math
-from importlib import metadata
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from nanoserve import experiments as ex
-from nanoserve import roofline
+from nanoserve.course import experiments as ex
+from nanoserve.course import setup
+from nanoserve.engine.kv_cache import kv_bytes_per_token
+from nanoserve.measure import roofline
 from nanoserve.model.presets import preset_config
 
 
@@ -22,45 +23,7 @@ def fake_ceilings(bw=25e9, fp32=200e9, bf16=400e9):
 
 @pytest.fixture(scope="module")
 def llm():
-    return ex.lesson_llm("preset:tiny", num_kv_blocks=2048, max_num_seqs=16)
-
-
-# --- setup ------------------------------------------------------------------------------------
-
-def test_quick_mode_reads_the_environment(monkeypatch):
-    for value, quick in (("1", True), ("true", True), ("0", False), ("", False), ("no", False)):
-        monkeypatch.setenv("NANOSERVE_QUICK", value)
-        assert ex.quick_mode() is quick
-    monkeypatch.delenv("NANOSERVE_QUICK")
-    assert ex.quick_mode() is False
-
-
-def test_sizes_and_models():
-    assert ex.lesson_model(quick=True) == "preset:tiny"
-    assert ex.lesson_model("cpu", quick=False) == "preset:llama-120m"
-    assert ex.lesson_model("cuda", quick=False) == "preset:llama-3.2-1b"
-    for lesson in ("00", "01", "02", "03", "04"):
-        for quick, device in ((True, "cpu"), (False, "cpu"), (False, "cuda")):
-            s = ex.sizes(lesson, quick, device)
-            assert s["model"] == ex.lesson_model(device, quick)
-    full, quick = ex.sizes("01", False, "cpu"), ex.sizes("01", True, "cpu")
-    assert max(quick["lengths"]) <= max(full["lengths"])
-    with pytest.raises(ValueError, match="'07'"):
-        ex.sizes("07")
-    assert ex.default_dtype("cpu") == "float32" and ex.default_dtype("cuda:0") == "bfloat16"
-
-
-def test_installed_names_torch_and_the_device():
-    rows = {r["what"]: r["value"] for r in ex.installed("cpu").rows}
-    assert rows["torch"] == metadata.version("torch")
-    assert rows["device"].startswith("cpu")
-    assert rows["quick mode (NANOSERVE_QUICK)"] == "True"
-
-
-def test_text_llm_loads_a_model_for_text():
-    demo = ex.text_llm("cpu")
-    assert demo.name in ("demo model", "preset:tiny (no tokenizer: ids)")
-    assert (demo.tokenizer is not None) == (demo.name == "demo model")
+    return setup.load_llm("preset:tiny", num_kv_blocks=2048, max_num_seqs=16)
 
 
 # --- 00 ---------------------------------------------------------------------------------------
@@ -168,8 +131,8 @@ def test_generation_with_and_without_cache_agree(llm):
 
 
 def test_kv_bytes_formula():
-    assert ex.kv_bytes_per_token(preset_config("llama-3-8b"), "bfloat16") == 2 * 32 * 8 * 128 * 2
-    assert ex.kv_bytes_per_token(preset_config("llama-120m"), "float32") == 2 * 12 * 4 * 64 * 4
+    assert kv_bytes_per_token(preset_config("llama-3-8b"), "bfloat16") == 2 * 32 * 8 * 128 * 2
+    assert kv_bytes_per_token(preset_config("llama-120m"), "float32") == 2 * 12 * 4 * 64 * 4
     rows = {r["model"]: r for r in ex.kv_budget_table(("llama-3-8b",)).rows}
     row = rows["llama-3-8b"]
     assert row["KiB/token"] == 128 and row["MiB/request (4096)"] == 512
@@ -221,7 +184,8 @@ def fake_point(batch, tokens_per_s, tpot_s):
     """A DecodePoint whose requests each report the given TPOT (2 tokens, 1 gap)."""
     metrics = SimpleNamespace(arrival_time=0.0, first_scheduled_time=0.0, first_token_time=1.0,
                               token_times=[1.0, 1.0 + tpot_s], finished_time=1.0 + tpot_s)
-    out = SimpleNamespace(token_ids=[1, 2], metrics=metrics, finished=True, finish_reason="length")
+    out = SimpleNamespace(prompt_token_ids=[7], token_ids=[1, 2], metrics=metrics, finished=True,
+                          finish_reason="length")
     return ex.DecodePoint(batch, 16, 1.0, batch / tokens_per_s, [out] * batch)
 
 
@@ -233,9 +197,10 @@ def test_scaling_knee_and_goodput():
     assert ex.scaling_knee(points, efficiency=0.9) == 4
     small, big, target = ex.itl_target(points)
     assert (small, big) == (1, 2) or (small, big) == (2, 4)
-    tp = {p.batch: ex.goodput_table(points, 0.015).rows for p in points}[1]
-    assert [r["goodput tokens/s"] for r in tp] == [100, 195, 380, 0]
-    assert tp[3]["meet SLO"] == "0/8"
+    rows = ex.goodput_table(points, 0.015).rows  # request goodput: requests/s within the SLO
+    want = [round(b / (1 + t), 2) for b, t in ((1, 0.010), (2, 0.0102), (4, 0.0105))] + [0.0]
+    assert [r["goodput requests/s"] for r in rows] == want
+    assert rows[3]["meet SLO"] == "0/8" and rows[3]["requests/s"] == round(8 / 1.019, 2)
 
 
 def test_itl_target_sits_between_the_pair():
@@ -268,7 +233,7 @@ def test_serving_and_policies(llm):
     for r in results.values():
         assert all(o.finished for o in r.outputs) and r.config.max_num_seqs == 2
     for rec in results["static"].trace:  # static: a batch forms, then only decodes until it empties
-        kinds = {kind for _, kind, _ in rec.entries}
+        kinds = {e.kind for e in rec.entries}
         assert kinds in ({"prefill"}, {"decode"}), f"static step mixes {kinds}"
     assert results["static"].device_label.startswith("static batching, measured on")
     rows = ex.policy_table(results).rows

@@ -12,8 +12,8 @@ import pathlib
 
 import pytest
 
-from nanoserve import experiments as ex  # noqa: F401 (used by the calls' text)
-from nanoserve import scenarios  # noqa: F401 (used by the calls' text)
+from nanoserve.course import experiments as ex  # noqa: F401 (used by the calls' text)
+from nanoserve.course import scenarios  # noqa: F401 (used by the calls' text)
 
 DATA = pathlib.Path(__file__).parent / "data" / "lesson_tables.json"
 TABLES = json.loads(DATA.read_text())

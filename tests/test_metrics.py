@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.metrics import (
+from nanoserve.measure.metrics import (
     Summary,
     completed,
     compute_metrics,

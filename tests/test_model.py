@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from nanoserve import EngineConfig, LLMEngine
-from nanoserve.request import Request
+from nanoserve.engine.request import Request
+from nanoserve.engine.scheduler import ScheduledSeq
 from nanoserve.sampling_params import SamplingParams
-from nanoserve.scheduler import ScheduledSeq
 from tests.conftest import ARCHS
 
 
@@ -32,7 +32,8 @@ def engine_logits(engine, token_ids, prefill_len):
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_logits_match_hf_prefill_and_20_decode_steps(hf_models, arch):
     hf, folder = hf_models(arch)
-    engine = LLMEngine(folder, device="cpu", dtype="float32", config=EngineConfig(block_size=4, num_kv_blocks=64))
+    engine = LLMEngine(folder, device="cpu", dtype="float32",
+                       config=EngineConfig(block_size=4, num_kv_blocks=64))
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 512, (37,), generator=g).tolist()  # 17 prefill (mid-block) + 20 decode
     ours = engine_logits(engine, tokens, prefill_len=17)

@@ -1,8 +1,8 @@
 """Set-up files agree: environment.yml's pip section mirrors pyproject.toml."""
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -13,7 +13,8 @@ def test_environment_yml_mirrors_pyproject():
     wanted = set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
-    assert set(pip) == wanted, f"only in pyproject: {wanted - set(pip)}; only in environment.yml: {set(pip) - wanted}"
+    assert set(pip) == wanted, (f"only in pyproject: {wanted - set(pip)}; "
+                                f"only in environment.yml: {set(pip) - wanted}")
     python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
     assert python.split("=")[1] >= project["requires-python"].lstrip(">=")
 

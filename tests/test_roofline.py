@@ -8,8 +8,8 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from nanoserve import roofline as rl
 from nanoserve.config import ModelConfig
+from nanoserve.measure import roofline as rl
 
 matplotlib.use("Agg")
 
@@ -113,7 +113,7 @@ def test_ridge_critical_batch_floor_and_utilisation():
 
 
 def test_quick_ceilings_are_finite_and_round_trip_through_the_cache(tmp_path, monkeypatch):
-    from nanoserve import ceilings  # where the measuring lives (roofline re-exports it)
+    from nanoserve.measure import ceilings  # where the measuring lives (roofline re-exports it)
     monkeypatch.setenv("NANOSERVE_CACHE_DIR", str(tmp_path))
     c = rl.load_or_measure_ceilings("cpu", quick=True)
     numbers = [c.copy_bandwidth, c.weight_read_bandwidth, *c.peak_flops.values()]

@@ -13,7 +13,7 @@ import pytest
 
 from nanoserve import EngineConfig, LLMEngine, SamplingParams
 from nanoserve.config import ModelConfig
-from nanoserve.roofline import decode_batch, measure_ceilings, prefill_batch, roofline_time, step_cost
+from nanoserve.measure.roofline import decode_batch, measure_ceilings, prefill_batch, roofline_time, step_cost
 
 FACTOR = (0.7, 6.0)
 

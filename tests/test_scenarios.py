@@ -1,58 +1,27 @@
-"""The measurements behind lessons 05-09 (nanoserve.scenarios), at tiny sizes.
+"""The measurements behind lessons 05-09 (nanoserve.course.scenarios), at tiny sizes.
 
 Every function a lesson calls runs here once on preset:tiny. Assertions are about structure
 (what ran in which step, what came from the cache), which holds on any machine, not about
 timings, which a busy CI machine can't promise.
 """
 
-import math
 
 import pytest
 
-from nanoserve import scenarios as S
-from nanoserve.metrics import completed
-from nanoserve.scenarios.common import _round_up
-from nanoserve.workload import greedy_params
+from nanoserve.course import scenarios as S
+from nanoserve.course import setup
+from nanoserve.course.scenarios.common import _round_up
+from nanoserve.measure.metrics import completed
 
 
 @pytest.fixture(scope="module")
 def llm():
-    return S.load_llm("preset:tiny", device="cpu", dtype="float32")
+    return setup.load_llm("preset:tiny", device="cpu", dtype="float32")
 
 
-def test_sizes_quick_and_device_and_bad_lesson():
-    for lesson in ("05", "06", "07", "08", "09"):
-        quick = S.sizes(lesson, quick=True)
-        assert quick["model"] == "preset:tiny"
-        assert S.sizes(lesson, quick=False, device="cpu")["model"] == "preset:llama-120m"
-        assert S.sizes(lesson, quick=False, device="cuda")["model"].startswith("preset:")
-    with pytest.raises(ValueError, match="lesson '10'"):
-        S.sizes("10")
-    assert isinstance(S.quick_mode(), bool)
-
-
-def test_fresh_engine_shares_the_model_not_the_state(llm):
-    a = S.fresh_engine(llm, max_num_batched_tokens=64, enable_prefix_caching=False)
-    assert a.executor is llm.engine.executor and a.kv_manager is not llm.engine.kv_manager
-    assert a.config.max_num_batched_tokens == 64 and not a.config.enable_prefix_caching
-    small = S.fresh_engine(llm, num_kv_blocks=8)
-    assert small.num_kv_blocks == 8
-    with pytest.raises(ValueError, match="exceeds"):
-        S.fresh_engine(llm, num_kv_blocks=llm.engine.num_kv_blocks + 1)
-    with pytest.raises(ValueError, match="block_size"):
-        S.fresh_engine(llm, block_size=32)
-    outs = S.generate(a, [[11, 12, 13], [14, 15]], greedy_params(3))
-    assert [len(o.token_ids) for o in outs] == [3, 3]
-    assert "measured on" in S.device_label(a)
-
-
-def test_probes_and_table(llm):
+def test_probes(llm):
     assert 0 < S.measure_decode_step(llm, 2, steps=3) < 5
     assert 0 < S.measure_prefill(llm, 64, repeats=1) < 5
-    t = S.Table([{"a": 1.23456, "b": "x"}, {"a": math.nan}], "title", ".2f")
-    text = repr(t)
-    assert "title" in text and "1.23" in text and "nan" in text
-    assert "<table>" in t._repr_html_() and "<caption>title</caption>" in t._repr_html_()
 
 
 def test_interference_grid_chunks_only_when_asked(llm):
@@ -104,7 +73,7 @@ def test_calibration_slo_and_capacity(llm, device_model):
     assert device_model.calibration.mape >= 0
     slo = S.unloaded_slo(llm, 32)
     assert set(slo) == {"ttft", "tpot"} and all(v > 0 for v in slo.values())
-    assert S.slo_text({"ttft": 0.12, "tpot": 0.026}) == "ttft<=120ms,tpot<=26ms"
+    assert setup.slo_text({"ttft": 0.12, "tpot": 0.026}) == "ttft<=120ms,tpot<=26ms"
     assert _round_up(0.1234) == pytest.approx(0.13) and _round_up(25) == 25
 
 

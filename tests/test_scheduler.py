@@ -6,8 +6,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nanoserve import LLM, EngineConfig, LLMEngine, ModelConfig, SamplingParams
-from tests.conftest import assert_no_leaks
+from nanoserve import LLM, EngineConfig, LLMEngine, SamplingParams
+from tests.conftest import FakeExecutor, assert_no_leaks
 
 G = torch.Generator().manual_seed(0)
 SYSTEM = torch.randint(0, 512, (24,), generator=G).tolist()  # a shared "system prompt" (6 blocks of 4)
@@ -65,19 +65,14 @@ def test_greedy_output_is_independent_of_scheduling(reference, name):
 
 def fake_engine(**kw):
     """The real scheduler and KV manager with a model-free executor (fast, for property tests)."""
-    cfg = ModelConfig(vocab_size=2000, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                      num_attention_heads=1, max_position_embeddings=4096, eos_token_id=0)
-    steps = []
-
-    def executor(out):
-        steps.append(out)
-        return {s.request_id: 1 + (hash((s.request_id, s.start)) % 99) for s in out.seqs if s.sample}
-    return LLMEngine(model_config=cfg, config=EngineConfig(**kw), executor=executor), steps
+    executor = FakeExecutor()
+    return LLMEngine.from_executor(executor, EngineConfig(**kw)), executor.steps
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    lens=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 20), st.integers(0, 5)), min_size=1, max_size=12),
+    lens=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 20), st.integers(0, 5)), min_size=1,
+                  max_size=12),
     block_size=st.sampled_from([1, 4, 16]),
     budget=st.integers(4, 64),
     max_num_seqs=st.integers(1, 8),
@@ -102,7 +97,8 @@ def test_scheduler_invariants_on_random_workloads(lens, block_size, budget, max_
     for i, (p, o, arrive) in enumerate(lens):
         prompt = (prefix[:p] if shared else []) + [(i * 7 + j) % 90 + 5 for j in range(p)]
         prompt = prompt[:max(p, 1)]
-        rid = eng.add_request(prompt, SamplingParams(max_tokens=o, ignore_eos=True), arrival_time=float(arrive))
+        rid = eng.add_request(prompt, SamplingParams(max_tokens=o, ignore_eos=True),
+                              arrival_time=float(arrive))
         want[rid] = o
     done = {}
     for _ in range(10_000):
@@ -119,6 +115,7 @@ def test_scheduler_invariants_on_random_workloads(lens, block_size, budget, max_
             assert len(out.seqs) <= max_num_seqs and len(eng.scheduler.running) <= max_num_seqs
             assert len({s.request_id for s in out.seqs}) == len(out.seqs)
         eng.kv_manager.check_invariants()
+        eng.scheduler.check_invariants()
         now[0] += 1.0
     assert not eng.has_unfinished(), "workload did not finish"
     assert {rid: len(o.token_ids) for rid, o in done.items()} == want
@@ -151,7 +148,8 @@ def test_long_prompt_with_chunking_never_exceeds_budget_and_without_it_stalls_de
         eng.clock = lambda: now[0]
         for i in range(4):
             eng.add_request([5 + i] * 8, SamplingParams(max_tokens=40, ignore_eos=True), arrival_time=0.0)
-        eng.add_request(list(range(5, 5 + 1000)), SamplingParams(max_tokens=4, ignore_eos=True), arrival_time=5.0)
+        eng.add_request(list(range(5, 5 + 1000)), SamplingParams(max_tokens=4, ignore_eos=True),
+                        arrival_time=5.0)
         while eng.has_unfinished():
             eng.step()
             now[0] += 1.0

@@ -14,20 +14,21 @@ import pytest
 import torch
 
 from nanoserve import LLM, EngineConfig, ModelConfig
-from nanoserve.bench import replay as bench_replay
-from nanoserve.disagg import goodput_sweep, simulate_colocated, simulate_disaggregated
-from nanoserve.metrics import compute_metrics, itls, ttft
-from nanoserve.roofline import DeviceCeilings, ceilings_cache_path, step_cost
-from nanoserve.sim import CostModel, calibrate, drive, sim_engine, simulate
-from nanoserve.sim_devices import (
+from nanoserve.engine.kv_cache import kv_bytes_per_token
+from nanoserve.measure.bench import drive
+from nanoserve.measure.bench import replay as bench_replay
+from nanoserve.measure.metrics import compute_metrics, itls, ttft
+from nanoserve.measure.roofline import DeviceCeilings, ceilings_cache_path, step_cost
+from nanoserve.measure.workload import LogNormal, Uniform, Workload, shared_prefix, synthetic
+from nanoserve.sim import CostModel, calibrate, sim_engine, simulate
+from nanoserve.sim.devices import (
     DEVICES,
     LINKS,
-    kv_bytes_per_token,
     measured_profile,
     model_shape,
     num_kv_blocks,
 )
-from nanoserve.workload import LogNormal, Uniform, Workload, shared_prefix, synthetic
+from nanoserve.sim.disagg import goodput_sweep, simulate_colocated, simulate_disaggregated
 
 
 def replay(engine, workload):
@@ -62,8 +63,8 @@ def test_kv_blocks_from_memory():
     with pytest.raises(ValueError, match="scaled"):
         num_kv_blocks(H100, cfg)  # 141 GB of bf16 weights on one 80 GB device
     four = H100.scaled(4)
-    per_block = 16 * kv_bytes_per_token(cfg)
-    assert kv_bytes_per_token(cfg) == 2 * 80 * 8 * 128 * 2
+    per_block = 16 * kv_bytes_per_token(cfg, "bfloat16")
+    assert kv_bytes_per_token(cfg, "bfloat16") == 2 * 80 * 8 * 128 * 2
     assert num_kv_blocks(four, cfg) == int((4 * 80e9 * 0.9 - cfg.num_params() * 2) // per_block)
 
 
@@ -135,7 +136,7 @@ def test_calibrate_recovers_a_known_cost_model():
     w = small_workload(40, rate=30.0, vocab_size=cfg.vocab_size)
     cfg_e = EngineConfig(num_kv_blocks=2000, max_num_batched_tokens=128)
     res = simulate(w, cfg, truth, cfg_e, dtype="float32")
-    cal = calibrate(res.trace, cfg, "float32", res.outputs)
+    cal = calibrate(res.trace, cfg, "float32")
     assert cal.median_abs_rel_error < 1e-6 and cal.mape < 1e-4
     for name in ("overhead", "per_seq", "s_byte", "s_flop", "s_attn"):
         assert getattr(cal.cost_model, name) == pytest.approx(getattr(truth, name), rel=1e-4)
@@ -150,7 +151,7 @@ def test_disaggregated_ttft_includes_the_kv_transfer():
     w = synthetic(1, input_len=prompt, output_len=20)
     fast = simulate_disaggregated(w, LLAMA8B, H100, 1, 1, LINKS["nvlink"]).outputs[0]
     slow = simulate_disaggregated(w, LLAMA8B, H100, 1, 1, LINKS["eth100"]).outputs[0]
-    per_token = kv_bytes_per_token(LLAMA8B)
+    per_token = kv_bytes_per_token(LLAMA8B, "bfloat16")
     extra = prompt * per_token * (1 / LINKS["eth100"].bandwidth - 1 / LINKS["nvlink"].bandwidth)
     assert ttft(slow) - ttft(fast) == pytest.approx(extra)
     assert len(slow.token_ids) == 20 and len(slow.metrics.token_times) == 20
@@ -280,7 +281,7 @@ def test_sim_matches_real_engine_on_cpu(one_thread):
             engine = fresh_engine()
             outs = replay(engine, w)
             real = stats(compute_metrics(outs))
-            cal = calibrate(engine.trace, engine.model_config, "float32", outs)
+            cal = calibrate(engine.trace, engine.model_config, "float32")
             sim_cfg = EngineConfig(**ENGINE, num_kv_blocks=engine.num_kv_blocks)
             for m, factor in models.items():
                 per_model[m].append(errors(real, simulated_stats(w, scaled(cal.cost_model, factor),

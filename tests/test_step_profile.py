@@ -3,7 +3,7 @@
 import pytest
 
 from nanoserve import LLM, EngineConfig, SamplingParams
-from nanoserve.step_profile import PARTS, step_profile
+from nanoserve.measure.step_profile import PARTS, step_profile
 
 
 @pytest.fixture(scope="module")

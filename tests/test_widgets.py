@@ -1,4 +1,4 @@
-"""Figures and dashboards of lessons 05-09 (nanoserve.widgets): every compute_/plot_ pair a widget
+"""Figures and dashboards of lessons 05-09 (nanoserve.course.widgets): every compute_/plot_ pair a widget
 calls, every figure a lesson draws, and the widgets themselves (built, then moved), on tiny runs."""
 
 import matplotlib
@@ -9,9 +9,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from nanoserve import scenarios as S  # noqa: E402
-from nanoserve import widgets as W  # noqa: E402
-from nanoserve.widgets.interference import _ordered  # noqa: E402
+from nanoserve.course import scenarios as S  # noqa: E402
+from nanoserve.course import setup
+from nanoserve.course import widgets as W  # noqa: E402
+from nanoserve.course.widgets.interference import _ordered  # noqa: E402
+from nanoserve.measure.figures import device_label
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +24,7 @@ def close_figures():
 
 @pytest.fixture(scope="module")
 def llm():
-    return S.load_llm("preset:tiny", device="cpu", dtype="float32")
+    return setup.load_llm("preset:tiny", device="cpu", dtype="float32")
 
 
 def titled(fig):
@@ -72,7 +74,7 @@ def test_prefix_figures(llm):
     res = S.prefix_cache_compare(llm, wl, progress=False)
     titled(W.plot_prefix_compare(res))
     points = S.eviction_sweep(llm, 16, 64, 48, [0, 6], progress=False)
-    titled(W.plot_eviction(points, 16, 16, 64, S.device_label(llm)))
+    titled(W.plot_eviction(points, 16, 16, 64, device_label(llm)))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from nanoserve.workload import (
+from nanoserve.measure.workload import (
     Choice,
     Fixed,
     LogNormal,

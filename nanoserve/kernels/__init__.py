@@ -1,16 +1,29 @@
-"""The one dispatch point between the torch reference kernels and the Triton kernels.
+"""The kernels: one dispatch point between the torch reference and Triton, and the plug points.
 
-`get_ops(device)` returns a module exposing rms_norm, rotary_embedding,
-reshape_and_cache and paged_attention with identical signatures. Triton on CUDA,
-the reference elsewhere; `NANOSERVE_KERNELS=reference|triton` overrides (triton on a
-CPU needs TRITON_INTERPRET=1 set before the first import, and is very slow).
+`get_ops(device)` returns a namespace of the four kernels a decoder layer calls, rms_norm,
+rotary_embedding, reshape_and_cache and paged_attention, with identical signatures: Triton on
+CUDA, the reference elsewhere; `NANOSERVE_KERNELS=reference|triton` overrides (triton on a CPU
+needs TRITON_INTERPRET=1 set before the first import, and is very slow).
+
+Plug points (the engine never imports course material; a student's kernel is passed in):
+`kernel_ops(base, paged_attention=mine)` builds a namespace with some kernels replaced, and
+`use_kernels(llm, paged_attention=mine)` installs one in a loaded model (before its first step:
+CUDA graphs captured earlier keep the old kernels).
 """
 
+from __future__ import annotations
+
 import os
+from types import SimpleNamespace
 
 from nanoserve.kernels import reference
+from nanoserve.kernels.metadata import AttentionMetadata
 
 BACKENDS = ("reference", "triton")
+KERNEL_NAMES = ("rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention")
+
+__all__ = ["AttentionMetadata", "BACKENDS", "KERNEL_NAMES", "get_ops", "kernel_backend",
+           "kernel_ops", "use_kernels"]
 
 
 def kernel_backend(device) -> str:
@@ -27,3 +40,31 @@ def get_ops(device):
         from nanoserve.kernels import triton_ops  # imported lazily: needs a GPU or the interpreter
         return triton_ops
     return reference
+
+
+def kernel_ops(base=None, **overrides) -> SimpleNamespace:
+    """A kernel namespace: `base`'s four kernels (default: the torch reference), some replaced.
+
+    kernel_ops(paged_attention=f).paged_attention is f; the other three are the reference's.
+    """
+    bad = sorted(set(overrides) - set(KERNEL_NAMES))
+    if bad:
+        raise ValueError(f"unknown kernel name(s) {bad}; a kernel namespace has {list(KERNEL_NAMES)}")
+    ops = {name: getattr(base or reference, name) for name in KERNEL_NAMES}
+    ops.update(overrides)
+    return SimpleNamespace(**ops)
+
+
+def use_kernels(target, **overrides) -> SimpleNamespace:
+    """Run `target` (an LLM, an LLMEngine or the model itself) with some kernels replaced.
+
+    Every module of the model that holds the kernel namespace (attribute `ops`) gets the new
+    one, built from the model's current kernels. Returns the namespace now in use.
+    """
+    model = getattr(getattr(target, "engine", target), "model", target)
+    holders = [m for m in model.modules() if "ops" in vars(m)]
+    if not holders:
+        raise ValueError(f"{type(model).__name__} has no kernel namespace (`ops`) to replace")
+    ops = kernel_ops(holders[0].ops, **overrides)
+    model.set_ops(ops)
+    return ops

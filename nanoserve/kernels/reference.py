@@ -11,6 +11,8 @@ A token's slot is block_id * block_size + offset; slot -1 marks padding (not wri
 import torch
 import torch.nn.functional as F
 
+from nanoserve.kernels.metadata import AttentionMetadata
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None):
@@ -102,23 +104,19 @@ def _decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scal
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                    seq_lens: torch.Tensor, scale: float,
-                    query_start_loc_cpu: list[int] | None = None,
-                    seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
+                    attn: AttentionMetadata, scale: float) -> torch.Tensor:
     """Attention of a flattened mixed batch over the paged cache (this step's K/V already written).
 
     q: (T, num_heads, head_dim), the tokens of B sequences concatenated;
-    query_start_loc: (B+1,) offsets of each sequence's tokens in q;
-    seq_lens: (B,) context length of each sequence *including* this step's tokens;
-    block_tables: (B, max_blocks) int32, padded with any valid id.
+    attn.query_start_loc: (B+1,) offsets of each sequence's tokens in q;
+    attn.seq_lens: (B,) context length of each sequence *including* this step's tokens;
+    attn.block_tables: (B, max_blocks) int32, padded with any valid id.
     Query token j of sequence b sits at position seq_lens[b] - q_len[b] + j and attends
     causally to cached positions <= its own. GQA: head h reads kv head h // (num_heads/num_kv_heads).
-    The *_cpu lists are the same offsets as Python ints (the runner has them; saves syncs).
     Returns (T, num_heads, head_dim).
     """
-    qsl = query_start_loc_cpu if query_start_loc_cpu is not None else query_start_loc.tolist()
-    lens = seq_lens_cpu if seq_lens_cpu is not None else seq_lens.tolist()
+    qsl, lens = attn.host_offsets()
+    block_tables, query_start_loc, seq_lens = attn.block_tables, attn.query_start_loc, attn.seq_lens
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads

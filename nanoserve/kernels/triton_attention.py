@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from nanoserve.kernels.metadata import AttentionMetadata
+
 BLOCK_N = 32  # keys per inner-loop step; independent of the cache's block_size
 
 
@@ -83,11 +85,9 @@ def _paged_attention_kernel(
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                    seq_lens: torch.Tensor, scale: float,
-                    query_start_loc_cpu: list[int] | None = None,
-                    seq_lens_cpu: list[int] | None = None) -> torch.Tensor:
+                    attn: AttentionMetadata, scale: float) -> torch.Tensor:
     """Triton version of `reference.paged_attention`; same arguments, returns (T, num_heads, head_dim)."""
+    block_tables, query_start_loc, seq_lens = attn.block_tables, attn.query_start_loc, attn.seq_lens
     T, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1:3]
     assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
@@ -98,7 +98,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_seqs = seq_lens.shape[0]
     if T == 0 or num_seqs == 0:
         return out
-    qsl = query_start_loc_cpu if query_start_loc_cpu is not None else query_start_loc.tolist()
+    qsl = attn.query_start_loc_cpu  # the grid's size is a host number: CUDA graphs pass it fixed
+    if qsl is None:
+        qsl = query_start_loc.tolist()
     max_q_len = max(qsl[i + 1] - qsl[i] for i in range(num_seqs))
 
     group = num_heads // num_kv_heads

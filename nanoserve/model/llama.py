@@ -14,26 +14,13 @@ window attention, MoE, tensor parallelism.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nanoserve.config import ModelConfig
-from nanoserve.kernels import cpu_gemm, get_ops
-
-
-@dataclass
-class AttentionMetadata:
-    """Where each request's tokens sit in the flattened batch and its KV in the cache."""
-
-    slot_mapping: torch.Tensor  # (num_tokens,) int64 cache slot of each new token
-    block_tables: torch.Tensor  # (num_seqs, max_blocks) int32
-    query_start_loc: torch.Tensor  # (num_seqs + 1,) int32 offsets into the token batch
-    seq_lens: torch.Tensor  # (num_seqs,) int32 context length incl. this step's tokens
-    query_start_loc_cpu: list[int]
-    seq_lens_cpu: list[int]
+from nanoserve.kernels import AttentionMetadata, cpu_gemm, get_ops
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -88,9 +75,7 @@ class Attention(nn.Module):
         q, k = self.ops.rotary_embedding(positions, q, k, cos_sin)
         k_cache, v_cache = kv_cache
         self.ops.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping)
-        o = self.ops.paged_attention(q, k_cache, v_cache, attn.block_tables, attn.query_start_loc,
-                                     attn.seq_lens, self.scale, attn.query_start_loc_cpu,
-                                     attn.seq_lens_cpu)  # (T, num_heads, head_dim)
+        o = self.ops.paged_attention(q, k_cache, v_cache, attn, self.scale)  # (T, num_heads, head_dim)
         return self.o_proj(o.reshape(T, self.q_size))
 
 

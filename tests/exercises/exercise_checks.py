@@ -140,7 +140,7 @@ def appearances(engine: LLMEngine) -> dict[str, list[tuple[int, str, int]]]:
     """request id -> [(trace index, "prefill"|"decode", tokens), ...] in step order."""
     seen: dict[str, list] = {}
     for i, r in enumerate(engine.trace):
-        for rid, kind, n in r.entries:
+        for rid, kind, n, *_ in r.entries:
             seen.setdefault(rid, []).append((i, kind, n))
     return seen
 

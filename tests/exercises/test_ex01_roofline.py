@@ -1,4 +1,4 @@
-"""Exercise 1 (roofline arithmetic), checked against nanoserve.roofline on random shapes."""
+"""Exercise 1 (roofline arithmetic), checked against nanoserve.measure.roofline on random shapes."""
 
 import pytest
 from exercise_checks import graded
@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nanoserve.config import ModelConfig
-from nanoserve.roofline import DeviceCeilings, step_cost
-from nanoserve.roofline import critical_batch_size as engine_critical_batch_size
+from nanoserve.measure.roofline import DeviceCeilings, step_cost
+from nanoserve.measure.roofline import critical_batch_size as engine_critical_batch_size
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from exercise_checks import graded
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nanoserve.engine.kv_cache import KVCacheManager
 from nanoserve.kernels import reference
-from nanoserve.kv_cache import KVCacheManager
 
 
 @pytest.fixture(scope="module")

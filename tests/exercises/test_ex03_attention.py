@@ -1,13 +1,14 @@
 """Exercise 3 (attention over the mixed batch), checked against reference.paged_attention."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from exercise_checks import drive, graded, make_engine, workload
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanoserve.grade import use_kernels
-from nanoserve.kernels import reference
+from nanoserve.kernels import AttentionMetadata, reference, use_kernels
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +30,17 @@ def batch(seqs, num_heads=4, num_kv_heads=2, head_dim=8, block_size=4, num_block
     for q, _ in seqs:
         qsl.append(qsl[-1] + q)
     q = torch.randn(qsl[-1], num_heads, head_dim, generator=g).to(dtype)
-    return (q, k_cache, v_cache, tables, torch.tensor(qsl, dtype=torch.int32),
-            torch.tensor(lens, dtype=torch.int32), head_dim ** -0.5), qsl, lens
+    attn = AttentionMetadata(torch.tensor(qsl, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32),
+                             tables)
+    return (q, k_cache, v_cache, attn, head_dim ** -0.5), qsl, lens
 
 
 def check(ex, seqs, what, **shape):
-    args, qsl, lens = batch(seqs, **shape)
-    want = reference.paged_attention(*args, qsl, lens)
+    (q, k_cache, v_cache, attn, scale), qsl, lens = batch(seqs, **shape)
+    want = reference.paged_attention(q, k_cache, v_cache, attn, scale)
     for cpu_lists in ((qsl, lens), (None, None)):
-        got = ex.paged_attention(*args, *cpu_lists)
+        attn = replace(attn, query_start_loc_cpu=cpu_lists[0], seq_lens_cpu=cpu_lists[1])
+        got = ex.paged_attention(q, k_cache, v_cache, attn, scale)
         assert got.shape == want.shape and got.dtype == want.dtype, (
             f"{what}: output {tuple(got.shape)} {got.dtype}, expected {tuple(want.shape)} {want.dtype}")
         tol = dict(atol=2e-5, rtol=1e-4) if want.dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)

@@ -1,4 +1,4 @@
-"""Exercise 6 (prefix caching), checked against nanoserve.kv_cache.KVCacheManager's behaviour."""
+"""Exercise 6 (prefix caching), checked against nanoserve.engine.kv_cache.KVCacheManager's behaviour."""
 
 import random
 
@@ -7,8 +7,8 @@ from exercise_checks import graded
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanoserve.kv_cache import KVCacheManager
-from nanoserve.request import Request
+from nanoserve.engine.kv_cache import KVCacheManager
+from nanoserve.engine.request import Request
 from nanoserve.sampling_params import SamplingParams
 
 

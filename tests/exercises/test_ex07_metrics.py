@@ -1,4 +1,4 @@
-"""Exercise 7 (serving metrics), checked against nanoserve.metrics on random RequestOutputs."""
+"""Exercise 7 (serving metrics), checked against nanoserve.measure.metrics on random RequestOutputs."""
 
 import math
 
@@ -7,7 +7,7 @@ from exercise_checks import graded
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nanoserve import metrics as M
+from nanoserve.measure import metrics as M
 from nanoserve.outputs import RequestMetrics, RequestOutput
 
 

@@ -7,8 +7,7 @@ import pytest
 import torch
 from exercise_checks import drive, make_engine, workload
 
-from nanoserve.grade import use_kernels
-from nanoserve.kernels import reference
+from nanoserve.kernels import AttentionMetadata, reference, use_kernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=3e-3, rtol=3e-3)}
@@ -80,7 +79,7 @@ def decode_batch(lens, num_heads, num_kv_heads, head_dim=16, block_size=4, num_b
 def test_decode_attention(ex, lens, num_heads, num_kv_heads):
     q, k_cache, v_cache, tables, seq_lens, scale = decode_batch(lens, num_heads, num_kv_heads)
     qsl = torch.arange(len(lens) + 1, dtype=torch.int32, device=DEVICE)
-    want = reference.paged_attention(q, k_cache, v_cache, tables, qsl, seq_lens, scale)
+    want = reference.paged_attention(q, k_cache, v_cache, AttentionMetadata(qsl, seq_lens, tables), scale)
     got = ex.decode_attention(q, k_cache, v_cache, tables, seq_lens, scale)
     close(got, want, torch.float32, f"decode attention over contexts {lens}, {num_heads} heads / "
                                     f"{num_kv_heads} kv heads")
@@ -89,6 +88,6 @@ def test_decode_attention(ex, lens, num_heads, num_kv_heads):
 def test_decode_attention_fp16(ex):
     q, k_cache, v_cache, tables, seq_lens, scale = decode_batch([6, 11], 4, 2, dtype=torch.float16)
     qsl = torch.arange(3, dtype=torch.int32, device=DEVICE)
-    want = reference.paged_attention(q, k_cache, v_cache, tables, qsl, seq_lens, scale)
+    want = reference.paged_attention(q, k_cache, v_cache, AttentionMetadata(qsl, seq_lens, tables), scale)
     close(ex.decode_attention(q, k_cache, v_cache, tables, seq_lens, scale), want, torch.float16,
           "decode attention in fp16")

@@ -5,7 +5,7 @@
 - the untouched skeletons fail every graded test (so no test passes vacuously);
 - every mutant in mutants/ (a wrong-but-plausible answer) fails some graded test.
 The solutions passing every graded test is the default run of tests/exercises itself.
-The last two run pytest in a subprocess each (nanoserve.grade.run_graded).
+The last two run pytest in a subprocess each (nanoserve.course.grade.run_graded).
 """
 
 import ast
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nanoserve.grade import graded_files, run_graded
+from nanoserve.course.grade import graded_files, run_graded
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = sorted((Path(__file__).parent / "mutants").glob("ex[0-9][0-9]_*.py"))

@@ -1,34 +1,6 @@
-"""nanoserve.grade: the plug helpers, the junit parsing and the score table (fast, no subprocess)."""
+"""nanoserve.course.grade: the junit parsing and the score table (fast, no subprocess)."""
 
-import pytest
-
-from nanoserve import grade
-from nanoserve.kernels import reference
-
-
-def test_kernel_ops_replaces_only_what_is_named():
-    def mine(*args, **kwargs):
-        return None
-    ops = grade.kernel_ops(paged_attention=mine)
-    assert ops.paged_attention is mine and ops.rms_norm is reference.rms_norm
-    with pytest.raises(ValueError, match="attention"):
-        grade.kernel_ops(attention=mine)
-
-
-def test_use_kernels_reaches_every_layer():
-    from exercise_checks import make_engine
-    engine = make_engine()
-    calls = []
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return reference.paged_attention(*args, **kwargs)
-    ops = grade.use_kernels(engine, paged_attention=counting)
-    holders = [m for m in engine.model.modules() if "ops" in vars(m)]
-    assert holders and all(m.ops is ops for m in holders)
-    engine.add_request([1, 2, 3])
-    engine.step()
-    assert len(calls) == engine.model_config.num_hidden_layers
+from nanoserve.course import grade
 
 
 def test_junit_parsing_and_score_table(tmp_path):

@@ -10,6 +10,7 @@ import itertools
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.kernels import reference
+from nanoserve.kernels import AttentionMetadata, reference
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=3e-3, rtol=3e-3),
        torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
@@ -118,7 +119,7 @@ def paged_batch(seqs, num_heads, num_kv_heads, head_dim, block_size, dtype, devi
     """Random q and a paged K/V cache for `seqs` = [(context_len, q_len), ...].
 
     Blocks are handed out in shuffled order; the tables are padded with a spare (junk) block.
-    Returns q, k_cache, v_cache, block_tables, query_start_loc, seq_lens.
+    Returns q, k_cache, v_cache and the AttentionMetadata (no host lists).
     """
     blocks = [-(-(c + n) // block_size) for c, n in seqs]
     num_blocks = sum(blocks) + 2
@@ -131,7 +132,8 @@ def paged_batch(seqs, num_heads, num_kv_heads, head_dim, block_size, dtype, devi
     query_start_loc = torch.tensor([0, *itertools.accumulate(n for _, n in seqs)], dtype=torch.int32)
     seq_lens = torch.tensor([c + n for c, n in seqs], dtype=torch.int32)
     q = torch.randn(int(query_start_loc[-1]), num_heads, head_dim).to(dtype)
-    return [t.to(device) for t in (q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)]
+    attn = AttentionMetadata(query_start_loc.to(device), seq_lens.to(device), block_tables.to(device))
+    return q.to(device), k_cache.to(device), v_cache.to(device), attn
 
 
 CASES = {  # (cached context, tokens this step) per sequence
@@ -159,9 +161,10 @@ def test_paged_attention_dtypes_and_block_sizes(triton_ops, device, poisoned, dt
                                                 head_dim):
     seqs = CASES["mixed"]
     batch = paged_batch(seqs, 4, 1, head_dim, block_size, dtype, device)
-    qsl_cpu = batch[4].tolist()
-    lens_cpu = batch[5].tolist()
-    got = triton_ops.paged_attention(*batch, head_dim ** -0.5, qsl_cpu, lens_cpu)
+    q, k_cache, v_cache, attn = batch
+    with_lists = replace(attn, query_start_loc_cpu=attn.query_start_loc.tolist(),
+                         seq_lens_cpu=attn.seq_lens.tolist())
+    got = triton_ops.paged_attention(q, k_cache, v_cache, with_lists, head_dim ** -0.5)
     torch.testing.assert_close(got, reference.paged_attention(*batch, head_dim ** -0.5), **TOL[dtype])
 
 
@@ -179,20 +182,17 @@ def test_paged_attention_random_batches(triton_ops, device, seqs, group, num_kv_
 
 
 def test_attention_to_a_single_key_returns_its_value(triton_ops, device, poisoned):
-    q, k_cache, v_cache, block_tables, qsl, seq_lens = paged_batch(
-        [(0, 1)], 4, 2, 16, 4, torch.float32, device)
-    out = triton_ops.paged_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 1.0)
-    v = v_cache[block_tables[0, 0], 0]  # (num_kv_heads, head_dim)
+    q, k_cache, v_cache, attn = paged_batch([(0, 1)], 4, 2, 16, 4, torch.float32, device)
+    out = triton_ops.paged_attention(q, k_cache, v_cache, attn, 1.0)
+    v = v_cache[attn.block_tables[0, 0], 0]  # (num_kv_heads, head_dim)
     assert torch.equal(out[0], v.repeat_interleave(2, dim=0))
 
 
 def test_zero_queries_average_the_visible_values(triton_ops, device, poisoned):
     context, n = 5, 6  # a chunk starting mid-block: causal mask offset by the cached prefix
-    q, k_cache, v_cache, block_tables, qsl, seq_lens = paged_batch(
-        [(context, n)], 2, 1, 16, 4, torch.float32, device)
-    out = triton_ops.paged_attention(torch.zeros_like(q), k_cache, v_cache, block_tables, qsl,
-                                     seq_lens, 1.0)
-    v = reference.gather_kv(v_cache, block_tables[0], context + n)[:, 0]  # (L, head_dim)
+    q, k_cache, v_cache, attn = paged_batch([(context, n)], 2, 1, 16, 4, torch.float32, device)
+    out = triton_ops.paged_attention(torch.zeros_like(q), k_cache, v_cache, attn, 1.0)
+    v = reference.gather_kv(v_cache, attn.block_tables[0], context + n)[:, 0]  # (L, head_dim)
     for j in range(n):
         want = v[:context + j + 1].mean(0)
         torch.testing.assert_close(out[j], want.expand(2, 16), atol=1e-6, rtol=1e-6)
@@ -222,10 +222,9 @@ def loop_attention(q, k_cache, v_cache, block_tables, seqs, scale, see_ahead=0,
 def test_cases_catch_plausible_bugs(device, bug):
     """The comparison cases above are sharp enough: each mutant disagrees with the reference."""
     seqs = CASES["mixed"]
-    q, k_cache, v_cache, block_tables, qsl, seq_lens = paged_batch(
-        seqs, 4, 2, 16, 8, torch.float32, device)
-    want = reference.paged_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.25)
-    args = (q, k_cache, v_cache, block_tables, seqs, 0.25)
+    q, k_cache, v_cache, attn = paged_batch(seqs, 4, 2, 16, 8, torch.float32, device)
+    want = reference.paged_attention(q, k_cache, v_cache, attn, 0.25)
+    args = (q, k_cache, v_cache, attn.block_tables, seqs, 0.25)
     torch.testing.assert_close(loop_attention(*args), want, **TOL[torch.float32])
     assert not torch.allclose(loop_attention(*args, **bug), want, atol=1e-3)
 
@@ -237,10 +236,9 @@ def test_reference_decode_groups_agree_with_the_loop(device, monkeypatch, case, 
     (49152 bytes: "decode" runs as groups of 3 + 1, each 16 blocks of 2 x 512 bytes.)"""
     monkeypatch.setattr(reference, "DECODE_GATHER_BYTES", gather_bytes)
     seqs = CASES[case]
-    q, k_cache, v_cache, block_tables, qsl, seq_lens = paged_batch(
-        seqs, 6, 2, 16, 4, torch.float32, device)
-    got = reference.paged_attention(q, k_cache, v_cache, block_tables, qsl, seq_lens, 0.25)
-    want = loop_attention(q, k_cache, v_cache, block_tables, seqs, 0.25)
+    q, k_cache, v_cache, attn = paged_batch(seqs, 6, 2, 16, 4, torch.float32, device)
+    got = reference.paged_attention(q, k_cache, v_cache, attn, 0.25)
+    want = loop_attention(q, k_cache, v_cache, attn.block_tables, seqs, 0.25)
     torch.testing.assert_close(got, want, **TOL[torch.float32])
 
 

@@ -5,9 +5,8 @@ import torch.nn.functional as F
 from solutions.ex02_paged_kv import gather_kv
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                    query_start_loc_cpu=None, seq_lens_cpu=None):
-    qsl, lens = query_start_loc.tolist(), seq_lens.tolist()
+def paged_attention(q, k_cache, v_cache, attn, scale):
+    qsl, lens, block_tables = attn.query_start_loc.tolist(), attn.seq_lens.tolist(), attn.block_tables
     group = q.shape[1] // k_cache.shape[2]
     out = torch.empty_like(q)
     for b, L in enumerate(lens):

@@ -1,0 +1,280 @@
+"""Figures of lessons 00-04 (data from course.experiments), and the goodput figure lessons 03 and
+07 share. Every figure names the device it was measured on (measure.figures.device_label) or
+says it is modelled, and every axis has a unit. Lessons 05-09 draw with course.widgets.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nanoserve.course.setup import slo_text
+from nanoserve.measure.figures import (
+    DECODE_COLOR,
+    MEASURED_COLOR,
+    MODELLED_COLOR,
+    PREFILL_COLOR,
+    device_label,
+    get_axes,
+    plot_timeline,
+)
+
+
+def _titled(ax, what: str, label) -> None:
+    ax.set_title(f"{what}\n{device_label(label)}", fontsize=10)
+
+
+def plot_phase_steps(run, label, ax=None):
+    """Each step of one request: the prefill step, then one decode step per token (log time)."""
+    ax = get_axes(ax)
+    colors = [PREFILL_COLOR if k == "prefill" else DECODE_COLOR for k in run.kinds]
+    ax.bar(range(len(run.seconds)), [1e3 * s for s in run.seconds], color=colors)
+    ax.set_yscale("log")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=PREFILL_COLOR, label=f"prefill: {run.prompt_len} tokens, one step"),
+                       Patch(color=DECODE_COLOR, label="decode: 1 token per step")], fontsize=8)
+    ax.set_xlabel("step of the request")
+    ax.set_ylabel("step time (ms, log scale)")
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    _titled(ax, "One request, step by step", label)
+    return ax.figure
+
+
+def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000):
+    """Left: measured prefill times with the fit split into its linear and quadratic parts.
+    Right: the same on log axes, the fit carried out to `extrapolate_to` tokens (dashed)."""
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    L = np.array([p.length for p in points])
+    t = np.array([p.seconds for p in points])
+    lo = t - np.array([min(p.times) for p in points])
+    hi = np.array([max(p.times) for p in points]) - t
+    x = np.linspace(0, L.max(), 200)
+    lin = fit.fixed + fit.per_token * x
+    a.fill_between(x, 0, lin, color="tab:green", alpha=0.25, label="fit: fixed + linear part")
+    a.fill_between(x, lin, lin + fit.per_token2 * x * x, color="tab:red", alpha=0.25,
+                   label="fit: quadratic part (attention)")
+    a.errorbar(L, t, yerr=[lo, hi], fmt="ko", ms=4, capsize=2, label="measured (median, min-max)")
+    a.set_xlabel("prompt length (tokens)")
+    a.set_ylabel("prefill time (s)")
+    a.legend(fontsize=8)
+    a.grid(True, alpha=0.3)
+    _titled(a, "Prefill time against prompt length", label)
+    xs = np.logspace(np.log10(L.min()), np.log10(max(extrapolate_to, L.max())), 200)
+    inside = xs <= L.max()
+    b.loglog(xs[inside], fit.predict(xs[inside]), "k-", label="fit, within measured lengths")
+    b.loglog(xs[~inside], fit.predict(xs[~inside]), "k--", label="fit, extrapolated")
+    b.loglog(xs, fit.fixed + fit.per_token * xs, color="tab:green", lw=1, label="linear part alone")
+    b.loglog(L, t, "ko", ms=4, label="measured")
+    for n, offset, va in ((300, (-8, 6), "bottom"), (extrapolate_to, (-8, -4), "top")):
+        b.plot([n], [fit.predict(n)], "s", color="tab:red", ms=6)
+        b.annotate(f"{n} tokens: {float(fit.predict(n)):.3g} s", (n, fit.predict(n)),
+                   textcoords="offset points", xytext=offset, ha="right", va=va, fontsize=8)
+    b.set_xlabel("prompt length (tokens, log scale)")
+    b.set_ylabel("prefill time (s, log scale)")
+    b.legend(fontsize=8, loc="upper left")
+    b.grid(True, which="both", alpha=0.3)
+    _titled(b, f"Fitted, carried out to {extrapolate_to} tokens (dashed: modelled)", label)
+    return fig
+
+
+def plot_decode_vs_floor(run, floors, label, ax=None):
+    """Each decode step of one request against the roofline floor at its context length."""
+    ax = get_axes(ax)
+    ctx = [c for c, k in zip(run.contexts, run.kinds) if k == "decode"]
+    ax.plot(ctx, [1e3 * s for s in run.decode_seconds], "o", color=DECODE_COLOR,
+            label="measured decode step")
+    ax.plot(ctx, [1e3 * f for f in floors], "k--",
+            label="roofline floor: bytes / bandwidth (modelled from the measured ceiling)")
+    ax.set_ylim(0, None)
+    ax.set_xlabel("context length (tokens in the KV cache)")
+    ax.set_ylabel("decode step time (ms)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, alpha=0.3)
+    _titled(ax, "Decode at batch 1 against its floor", label)
+    return ax.figure
+
+
+def plot_cache_comparison(with_cache, without, prompt_len: int, label, ax=None):
+    """Time of each generated token with a KV cache and when everything is recomputed."""
+    ax = get_axes(ax)
+    pos = np.arange(len(with_cache.seconds)) + prompt_len
+    ax.plot(pos, [1e3 * s for s in without.seconds], "o-", ms=3, color="tab:red",
+            label=f"recompute everything: total {without.total:.2f} s")
+    ax.plot(pos, [1e3 * s for s in with_cache.seconds], "o-", ms=3, color=DECODE_COLOR,
+            label=f"with KV cache: total {with_cache.total:.2f} s")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens in the sequence before this one")
+    ax.set_ylabel("time for this token (ms, log scale)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    _titled(ax, "Generating with and without a KV cache", label)
+    return ax.figure
+
+
+def plot_fragmentation(run, label, ax=None):
+    """KV slots over the run: tokens stored against what each allocation scheme holds."""
+    ax = get_axes(ax)
+    steps = np.arange(len(run.tokens))
+    ax.plot(steps, run.reserve_max_len, color="tab:red",
+            label=f"contiguous, max_model_len ({run.max_model_len}) per request")
+    ax.plot(steps, run.reserve_request, color="tab:purple",
+            label=f"contiguous, prompt + longest output ({run.max_tokens_cap}) per request")
+    ax.plot(steps, run.paged, color=DECODE_COLOR, label=f"paged, blocks of {run.block_size}")
+    ax.fill_between(steps, 0, run.tokens, color="tab:green", alpha=0.4, label="tokens stored")
+    ax.set_yscale("symlog", linthresh=100)
+    ax.set_xlabel("engine step")
+    ax.set_ylabel("KV slots (tokens; log scale above 100)")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    _titled(ax, "KV memory held against KV memory used", label)
+    return ax.figure
+
+
+def plot_block_map(run, label, ax=None):
+    """The block pool at the run's fullest step: each cell a block, coloured by its request,
+    filled in proportion to the tokens it holds. A request's blocks need not be adjacent."""
+    import matplotlib.pyplot as plt
+    owner = {}
+    for i, (rid, (blocks, tokens)) in enumerate(sorted(run.snapshot.items(), key=lambda kv: int(kv[0])
+                                                       if kv[0].isdigit() else kv[0])):
+        for j, b in enumerate(blocks):
+            fill = min(run.block_size, max(0, tokens - j * run.block_size)) / run.block_size
+            owner[b] = (i, fill)
+    n = max(owner) + 1 if owner else 1
+    cols = int(np.ceil(np.sqrt(n * 2)))
+    rows = int(np.ceil(n / cols))
+    ax = get_axes(ax, (9, max(2.0, 0.35 * rows + 1.2)))
+    cmap = plt.get_cmap("tab20")
+    for b in range(n):
+        r, c = divmod(b, cols)
+        ax.add_patch(plt.Rectangle((c, -r), 0.95, -0.9, fill=False, lw=0.3, color="grey"))
+        if b in owner:
+            i, fill = owner[b]
+            ax.add_patch(plt.Rectangle((c, -r), 0.95 * fill, -0.9, color=cmap(i % 20)))
+            ax.text(c + 0.47, -r - 0.45, str(i), ha="center", va="center", fontsize=6)
+    ax.set_xlim(0, cols)
+    ax.set_ylim(-rows, 0.1)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_xlabel(f"block id, row by row ({cols} per row); number and colour: the request owning it; "
+                  f"fill: tokens held out of {run.block_size}", fontsize=8)
+    ax.set_ylabel(f"blocks {cols} x row ... {cols} x row + {cols - 1}", fontsize=8)
+    _titled(ax, f"The block pool at the fullest step ({len(run.snapshot)} running requests)", label)
+    return ax.figure
+
+
+def plot_decode_batch(points, floors, label, critical_batch: float | None = None):
+    """Left: decode throughput against batch size. Right: ITL against batch size, with the
+    roofline floor of a step. Log-2 batch axis; the critical batch as a vertical line."""
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    B = [p.batch for p in points]
+    a.plot(B, [p.tokens_per_s for p in points], "o-", color=DECODE_COLOR, label="measured")
+    a.plot(B, [points[0].tokens_per_s * n for n in B], ":", color="grey",
+           label="if batching were free (batch 1 x B)")
+    b.plot(B, [1e3 * p.itl_seconds for p in points], "o-", color=DECODE_COLOR, label="measured ITL (median)")
+    b.plot(B, [1e3 * f for f in floors], "k--", label="roofline floor of a step (modelled)")
+    for ax in (a, b):
+        if critical_batch is not None:
+            ax.axvline(critical_batch, color="tab:red", ls=":",
+                       label=f"critical batch {critical_batch:.0f} (from measured ceilings)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (sequences decoding together, log scale)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    a.set_yscale("log")
+    a.set_ylabel("decode throughput (tokens/s, log scale)")
+    b.set_ylabel("inter-token latency (ms)")
+    b.set_ylim(0, None)
+    _titled(a, "Throughput grows with the batch...", label)
+    _titled(b, "...while each token waits a little longer", label)
+    return fig
+
+
+def plot_goodput(points, slo: dict, label, x: str = "offered", ax=None, modelled=None,
+                 modelled_label: str = ""):
+    """Request throughput and request goodput against `x` of each point.
+
+    Goodput is vLLM's: completed requests per second that met every SLO. Each point has
+    `.throughput` and `.goodput` (requests/s) and the attribute named by x: "offered" (the arrival
+    rate, lesson 07) or "batch" (the decode batch size, lesson 03). `modelled` points (the
+    calibrated simulator) are drawn as purple lines."""
+    ax = get_axes(ax, (7, 4))
+    xs = [getattr(p, x) for p in points]
+    if x == "offered":
+        top = max(xs + [getattr(p, x) for p in (modelled or [])]) * 1.05
+        ax.plot([0, top], [0, top], color="0.7", ls="--", lw=1, label="offered = served")
+        ax.set_xlabel("offered arrival rate, as the random arrivals came (requests/s)")
+    else:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(v) for v in xs])
+        ax.set_xlabel("batch size (requests decoding together)")
+    if modelled:
+        mx = [getattr(p, x) for p in modelled]
+        ax.plot(mx, [p.throughput for p in modelled], "-", color=MODELLED_COLOR, alpha=0.5,
+                label="throughput, modelled")
+        ax.plot(mx, [p.goodput for p in modelled], "--", color=MODELLED_COLOR, label="goodput, modelled")
+    ax.plot(xs, [p.throughput for p in points], "o-", color="0.4", label="throughput, measured")
+    ax.plot(xs, [p.goodput for p in points], "s-", color=MEASURED_COLOR, label="goodput, measured")
+    ax.set_ylabel("completed requests/s")
+    ax.set_ylim(0, None)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    sub = device_label(label) + (f"\nlines: {modelled_label}" if modelled else "")
+    ax.set_title(f"Throughput vs goodput at SLO {slo_text(slo)}\n{sub}", fontsize=10)
+    return ax.figure
+
+
+def plot_timelines(results: dict):
+    """plot_timeline of each result (e.g. each scheduling policy) stacked on one time axis."""
+    import matplotlib.pyplot as plt
+    n = max(len(r.outputs) for r in results.values())
+    fig, axes = plt.subplots(len(results), 1, figsize=(10, len(results) * (0.16 * n + 1.6)),
+                             sharex=True, constrained_layout=True, squeeze=False)
+    for ax, r in zip(axes[:, 0], results.values()):
+        plot_timeline(r, ax)
+    return fig
+
+
+def plot_policies(results: dict):
+    """Throughput and latency of each run side by side (bars; latencies' p50 and p90)."""
+    import matplotlib.pyplot as plt
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(12, 3.6), constrained_layout=True)
+    names = list(results)
+    ms = {k: r.metrics() for k, r in results.items()}
+    colors = [f"C{i}" for i in range(len(names))]
+    a.bar(names, [ms[k].output_throughput for k in names], color=colors)
+    a.set_ylabel("output tokens/s")
+    a.set_title("Throughput", fontsize=10)
+    x = np.arange(len(names))
+    for ax, metric, title in ((b, "ttft", "Time to first token"), (c, "e2e", "End-to-end latency")):
+        s = [getattr(ms[k], metric) for k in names]
+        ax.bar(x - 0.2, [1e3 * v.median for v in s], 0.4, color=colors, label="p50")
+        ax.bar(x + 0.2, [1e3 * v.p90 for v in s], 0.4, color=colors, alpha=0.5, label="p90")
+        ax.set_xticks(x, names)
+        ax.set_ylabel(f"{metric.upper()} (ms)")
+        ax.set_title(title + " (p50, p90 pale)", fontsize=10)
+    for ax in (a, b, c):
+        ax.set_xlabel("scheduling policy")
+        ax.grid(True, axis="y", alpha=0.3)
+    first = next(iter(results.values()))
+    fig.suptitle(f"{first.workload.name}, served {len(names)} ways\n"
+                 f"{device_label(first)}", fontsize=10)
+    return fig
+
+
+def plot_batch_occupancy(results: dict, ax=None):
+    """Sequences in each step against time, one line per run: how full each policy keeps the batch."""
+    ax = get_axes(ax, (9, 3.2))
+    for name, r in results.items():
+        ax.step([s.start - r.start for s in r.trace], [len(s.entries) for s in r.trace], where="post",
+                label=f"{name}: mean {np.mean([len(s.entries) for s in r.trace]):.2f} per step")
+    cap = max(r.config.max_num_seqs for r in results.values())
+    ax.axhline(cap, color="grey", ls=":", label=f"max_num_seqs = {cap}")
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("sequences in the step")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    first = next(iter(results.values()))
+    _titled(ax, "How full the batch is", first)
+    return ax.figure

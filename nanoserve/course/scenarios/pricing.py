@@ -1,0 +1,82 @@
+"""Lesson 08: dollars per million input and output tokens from measured runs, and at an SLO."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from nanoserve.course.scenarios.common import _ms, _round_up, measure_workload, unloaded_latency
+from nanoserve.course.setup import Table, device_kind, engine_of
+from nanoserve.measure import bench
+from nanoserve.measure.workload import synthetic
+
+
+def default_price_per_hour(device: str | None = None) -> tuple[float, str]:
+    """A placeholder price to start from (an assumption, not a quote): set your own."""
+    if device_kind(device) == "cuda":
+        return 3.0, "assumed on-demand price of one datacenter GPU; set your own"
+    return 0.10, "assumed price of a small cloud VM (a few vCPUs); set your own"
+
+
+def batch_cap_runs(engine_or_llm, caps: Sequence[int], num_requests: int, input_len: int,
+                   output_len: int, progress: bool = True, seed: int = 0) -> dict:
+    """The same offline workload (everything queued at t=0) at each max_num_seqs cap, measured.
+    -> {cap: BenchResult}."""
+    from tqdm.auto import tqdm
+    engine = engine_of(engine_or_llm)
+    wl = synthetic(num_requests, input_len, output_len, math.inf, seed=seed,
+                   vocab_size=engine.model_config.vocab_size, name="offline batch")
+    out = {}
+    for cap in tqdm(list(caps), desc="batch caps", unit="run", disable=not progress):
+        out[cap] = measure_workload(engine, wl, progress=False, max_num_seqs=cap,
+                                    enable_prefix_caching=False,
+                                    max_num_batched_tokens=max(engine.config.max_num_batched_tokens,
+                                                               input_len + cap))
+    return out
+
+
+def run_cost(result: bench.BenchResult, price_per_hour: float):
+    """cost.cost_report of a measured run, charging its whole duration, billed tokens."""
+    from nanoserve.measure.cost import billed_tokens, cost_report
+    n_in, n_out = billed_tokens(result.outputs)
+    return cost_report(result.trace, price_per_hour, result.duration, n_in, n_out)
+
+
+def cost_rows(runs: dict, price_per_hour: float, slo: dict | None = None) -> Table:
+    """$/1M input and output tokens per run (name -> BenchResult) at one price per hour."""
+    rows = []
+    for name, r in runs.items():
+        c = run_cost(r, price_per_hour)
+        m = r.metrics(slo)
+        row = {"max_num_seqs": name, "tok/s out": m.output_throughput,
+               "TPOT p50 (ms)": _ms(m.tpot.median), "$/1M in": c.usd_per_1m_input,
+               "$/1M out": c.usd_per_1m_output, "out/in": c.output_input_ratio}
+        if slo is not None:
+            row["within SLO (%)"] = 100 * m.slo_attainment
+        rows.append(row)
+    return Table(rows, f"at ${price_per_hour:.2f}/h, {next(iter(runs.values())).device_label}", ".3g")
+
+
+def tpot_slo(engine_or_llm, input_len: int, factor: float = 2.0) -> dict:
+    """A streaming-speed SLO for offline runs (where TTFT is queueing by construction): TPOT <=
+    factor x the TPOT of one request running alone here (measured)."""
+    return {"tpot": _round_up(factor * unloaded_latency(engine_or_llm, input_len)["tpot"])}
+
+
+def evaluate_caps(runs: dict, price_per_hour: float, slo: dict, min_attainment: float = 0.9) -> list:
+    """cost.evaluate_runs over the batch-cap runs: metrics, cost and whether each meets the SLO."""
+    from nanoserve.measure.cost import Run, evaluate_runs
+    return evaluate_runs([Run(str(k), r.outputs, r.trace, price_per_hour, r.duration)
+                          for k, r in runs.items()], slo, min_attainment)
+
+
+def provider_table(measured_ratio: float | None = None) -> Table:
+    """Providers' list prices (USD per 1M tokens; source and date) beside this device's ratio."""
+    from nanoserve.measure.cost import PROVIDER_PRICES
+    rows = [{"who": name, "$/1M in": p.input_per_1m, "$/1M out": p.output_per_1m,
+             "out/in": p.ratio, "source": f"list price, {p.source}, {p.date}"}
+            for name, p in PROVIDER_PRICES.items()]
+    if measured_ratio is not None:
+        rows.append({"who": "this device (measured)", "$/1M in": math.nan, "$/1M out": math.nan,
+                     "out/in": measured_ratio, "source": "this notebook"})
+    return Table(rows, "Output/input price ratio", ".3g")

@@ -1,0 +1,169 @@
+"""Lesson 07: serving metrics, stratification, goodput, and the simulator calibrated on this device."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from nanoserve.config import EngineConfig
+from nanoserve.course.scenarios.common import _ms, measure_workload
+from nanoserve.course.setup import Table, engine_of, fresh_engine
+from nanoserve.measure import bench
+from nanoserve.measure.figures import device_label
+from nanoserve.measure.metrics import compute_metrics, stratify
+from nanoserve.measure.workload import LogNormal, Workload, synthetic
+from nanoserve.sim.calibrate import calibrate
+from nanoserve.sim.simulator import simulate
+
+
+def chat_workload(num_requests: int, rate: float, input_median: int, output_median: int,
+                  vocab_size: int, seed: int = 0, name: str = "chat", burstiness: float = 1.0) -> Workload:
+    """Long-tailed prompt and answer lengths (log-normal, as chat traffic); Poisson arrivals, or
+    more regular ones with burstiness > 1 (workload.arrival_times)."""
+    return synthetic(num_requests, LogNormal(input_median, 0.5, 8, 8 * input_median),
+                     LogNormal(output_median, 0.6, 2, 8 * output_median), rate, burstiness, seed=seed,
+                     vocab_size=vocab_size, name=name)
+
+
+def chat_maker(engine_or_llm, num_requests: int, input_median: int, output_median: int,
+               seed: int = 3):
+    """make_workload(rate) for sweeps and dashboards: the same requests, arriving at `rate`."""
+    vocab = engine_of(engine_or_llm).model_config.vocab_size
+
+    def make(rate: float) -> Workload:
+        return chat_workload(num_requests, rate, input_median, output_median, vocab, seed=seed)
+    return make
+
+
+@dataclass
+class DeviceModel:
+    """The simulator's cost model fitted to a measured run on this device (sim.calibrate)."""
+
+    calibration: object  # sim.Calibration
+    result: bench.BenchResult  # the measured run it was fitted to
+    num_kv_blocks: int
+    config: EngineConfig
+    label: str  # "modelled: calibrated on <device>"
+
+    @property
+    def cost_model(self):
+        return self.calibration.cost_model
+
+    @property
+    def model_config(self):
+        return self.result.model_config
+
+    def simulate(self, workload: Workload, **config):
+        """Run `workload` through the real scheduler on this device's fitted cost model."""
+        cfg = replace(self.config, num_kv_blocks=self.num_kv_blocks, **config)
+        return simulate(workload, self.model_config, self.cost_model, cfg, self.result.dtype)
+
+
+def calibrate_device(engine_or_llm, num_requests: int, input_median: int, output_median: int,
+                     progress: bool = True, seed: int = 0) -> DeviceModel:
+    """Measure a varied offline run (prompts of many lengths, half of them queued at a time, so
+    steps mix prefill chunks with decode batches of many sizes) and fit the simulator's cost
+    model to its step times (sim.calibrate). The fit error is in `.calibration.describe()`."""
+    engine = fresh_engine(engine_or_llm, max_num_seqs=max(2, num_requests // 2))
+    wl = chat_workload(num_requests, math.inf, input_median, output_median,
+                       engine.model_config.vocab_size, seed=seed + 7, name="calibration")
+    res = bench.replay(engine, wl, realtime=False, progress=progress, warmup=1,
+                       label=device_label(engine))
+    cal = calibrate(res.trace, res.model_config, res.dtype,
+                    label=f"calibrated on {res.device_label.removeprefix('measured on ')}")
+    return DeviceModel(cal, res, engine.num_kv_blocks, engine_of(engine_or_llm).config,
+                       f"modelled: {cal.cost_model.label}")
+
+
+
+def measured_capacity(result: bench.BenchResult) -> float:
+    """Requests/s of an offline run (everything queued at t=0): what the device serves flat out."""
+    return result.metrics().request_throughput
+
+
+def workload_shift(engine_or_llm, num_requests: int, input_median: int, output_median: int,
+                   longer_output_median: int, progress: bool = True) -> dict:
+    """The same server measured on two weeks of traffic: in the second, answers are longer
+    (output median longer_output_median instead of output_median). Both weeks arrive at the same,
+    nearly regular rate, slow enough that a typical second-week request finishes before the next
+    arrives (from one request measured alone here), so neither week queues or batches much and
+    any difference is the mix. -> {"before": BenchResult, "after": BenchResult}."""
+    from nanoserve.course.scenarios.common import unloaded_latency
+    alone = unloaded_latency(engine_or_llm, input_median)
+    rate = 1 / (1.5 * (alone["ttft"] + longer_output_median * alone["tpot"]))
+    vocab = engine_of(engine_or_llm).model_config.vocab_size
+    weeks = [chat_workload(num_requests, rate, input_median, median, vocab, seed=seed, name=name,
+                           burstiness=20.0)
+             for name, median, seed in (("before", output_median, 21), ("after", longer_output_median, 22))]
+    return {w.name: measure_workload(engine_or_llm, w, progress=progress) for w in weeks}
+
+
+def metrics_table(results: dict, slo: dict | None = None) -> Table:
+    """Headline metrics of several runs (name -> BenchResult or SimResult), in milliseconds."""
+    rows = []
+    for name, r in results.items():
+        m = compute_metrics(r.outputs, slo=slo)
+        row = {"run": name, "requests": m.completed,
+               "out tok (mean)": m.total_output_tokens / max(m.completed, 1)}
+        for k in ("ttft", "tpot", "itl", "e2e"):
+            s = getattr(m, k)
+            row[f"{k.upper()} p50"], row[f"{k.upper()} p99"] = _ms(s.median), _ms(s.p99)
+        if slo is not None:
+            row["goodput (req/s)"], row["attained (%)"] = m.goodput, 100 * m.slo_attainment
+        rows.append(row)
+    return Table(rows, "latencies in ms", ".1f")
+
+
+def stratified_table(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 64)) -> Table:
+    """Median `metric` per output-length bucket, one column per run: like with like."""
+    strat = {name: stratify(r.outputs, metric, "output", buckets) for name, r in results.items()}
+    labels = list(dict.fromkeys(s.label for st in strat.values() for s in st.strata))
+    rows = []
+    for lab in labels:
+        row = {"output tokens": lab}
+        for name, st in strat.items():
+            s = next((s for s in st.strata if s.label == lab), None)
+            row[f"{name}: n"] = s.num_requests if s else 0
+            row[f"{name}: median {metric} (ms)"] = _ms(s.summary.median) if s else math.nan
+        rows.append(row)
+    return Table(rows, f"{metric.upper()} stratified by output length", ".1f")
+
+
+@dataclass
+class RatePoint:
+    rate: float  # the arrival rate asked for (requests/s)
+    result: object  # BenchResult (measured) or SimResult (modelled)
+    throughput: float  # completed requests/s
+    goodput: float  # requests/s within the SLO
+    attainment: float  # fraction of requests within the SLO
+
+    @property
+    def offered(self) -> float:
+        """The arrival rate the workload's random arrivals actually had (requests/s): with a few
+        dozen requests it can differ from `rate` by tens of percent."""
+        t = sorted(o.metrics.arrival_time for o in self.result.outputs)
+        return (len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else self.rate
+
+
+def rate_sweep(engine_or_llm, rates: Sequence[float], make_workload, slo: dict,
+               progress: bool = True, **config) -> list[RatePoint]:
+    """Measured: replay make_workload(rate) at each rate; throughput and goodput under `slo`."""
+    from tqdm.auto import tqdm
+    points = []
+    for rate in tqdm(list(rates), desc="arrival rates", unit="run", disable=not progress):
+        res = measure_workload(engine_or_llm, make_workload(rate), progress=False, **config)
+        m = res.metrics(slo)
+        points.append(RatePoint(rate, res, m.request_throughput, m.goodput, m.slo_attainment))
+    return points
+
+
+def simulated_rate_sweep(model: DeviceModel, rates: Sequence[float], make_workload, slo: dict,
+                         **config) -> list[RatePoint]:
+    """Modelled: the same sweep on the calibrated simulator."""
+    points = []
+    for rate in rates:
+        res = model.simulate(make_workload(rate), **config)
+        m = res.metrics(slo)
+        points.append(RatePoint(rate, res, m.request_throughput, m.goodput, m.slo_attainment))
+    return points

@@ -1,0 +1,216 @@
+"""What every lesson shares: quick mode, the sizes per lesson and device, loading the model,
+engines over an already-loaded model, running prompts to completion, and SLOs as text.
+
+NANOSERVE_QUICK=1 (set by CI) shrinks models, sweeps and workloads so that every notebook runs
+on 2 CPU cores in about a minute; otherwise the sizes suit the device: llama-120m on a CPU,
+Llama-3.2-1B on a GPU (random weights: timing depends on shapes, not values).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import replace
+from importlib import metadata
+
+import numpy as np
+import torch
+
+from nanoserve.config import EngineConfig, default_device
+from nanoserve.course.table import Table
+from nanoserve.engine import LLM, LLMEngine
+from nanoserve.measure.ceilings import device_name, dtype_name
+from nanoserve.measure.workload import random_tokens
+from nanoserve.sampling_params import SamplingParams
+
+
+def quick_mode() -> bool:
+    """NANOSERVE_QUICK=1 (CI): small models, sweeps and workloads."""
+    return os.environ.get("NANOSERVE_QUICK", "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def device_kind(device: str | None = None) -> str:
+    return "cuda" if str(device or default_device()).startswith("cuda") else "cpu"
+
+
+MODELS = {"quick": "preset:tiny", "cpu": "preset:llama-120m", "cuda": "preset:llama-3.2-1b"}
+
+# Per lesson: quick (CI, any device), cpu and cuda sizes. Models are random-weight presets of
+# real shapes (timing depends on shapes, not weights): MODELS unless a lesson names its own.
+SIZES: dict[str, dict[str, dict]] = {
+    "00": {"quick": dict(linear_k=1024, linear_batches=(1, 4, 16, 64, 256)),
+           "cpu": dict(linear_k=4096, linear_batches=(1, 4, 16, 64, 256, 1024)),
+           "cuda": dict(linear_k=8192, linear_batches=(1, 16, 128, 1024, 8192))},
+    "01": {"quick": dict(prompt_len=128, max_tokens=16, lengths=(32, 64, 128, 256, 512, 1024), reps=2),
+           "cpu": dict(prompt_len=512, max_tokens=32, lengths=(64, 128, 256, 512, 1024, 2048), reps=3),
+           "cuda": dict(prompt_len=2048, max_tokens=64,
+                        lengths=(256, 512, 1024, 2048, 4096, 8192, 16384), reps=3)},
+    "02": {"quick": dict(text_tokens=16, prompt_len=16, max_tokens=24, frag_requests=12,
+                         frag_max_num_seqs=6, frag_input=32, frag_output=24),
+           "cpu": dict(text_tokens=48, prompt_len=64, max_tokens=96, frag_requests=24,
+                       frag_max_num_seqs=12, frag_input=64, frag_output=64),
+           "cuda": dict(text_tokens=64, prompt_len=256, max_tokens=256, frag_requests=64,
+                        frag_max_num_seqs=32, frag_input=256, frag_output=256)},
+    "03": {"quick": dict(batches=(1, 2, 4, 8, 16, 32), steps=8, context_len=32),
+           "cpu": dict(batches=(1, 2, 4, 8, 16, 32, 64), steps=12, context_len=64),
+           "cuda": dict(batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), steps=16, context_len=128)},
+    "04": {"quick": dict(num_requests=16, max_num_seqs=4, input_len=(16, 64), output_len=(2, 32),
+                         load=0.8),
+           "cpu": dict(num_requests=32, max_num_seqs=8, input_len=(32, 128), output_len=(4, 96),
+                       load=0.8),
+           "cuda": dict(num_requests=128, max_num_seqs=32, input_len=(128, 512),
+                        output_len=(8, 256), load=0.8)},
+    "05": {
+        "quick": dict(num_decoders=4, long_prompt_len=1024, num_long=2,
+                      budgets=(32, 128, 512)),
+        "cpu": dict(num_decoders=8, long_prompt_len=1024, num_long=2,
+                    budgets=(64, 128, 512)),
+        "cuda": dict(num_decoders=32, long_prompt_len=8192, num_long=4,
+                     budgets=(512, 1024, 2048, 4096)),
+    },
+    "06": {
+        "quick": dict(num_requests=12, prefix_len=512, suffix_len=32, output_len=8,
+                      evict_blocks=48, evict_prefix_len=256, evict_unrelated_len=112,
+                      evict_counts=(0, 2, 4, 5, 6, 7, 8)),
+        "cpu": dict(num_requests=12, prefix_len=512, suffix_len=32,
+                    output_len=16, evict_blocks=48, evict_prefix_len=256, evict_unrelated_len=112,
+                    evict_counts=(0, 2, 4, 5, 6, 7, 8)),
+        "cuda": dict(num_requests=64, prefix_len=4096, suffix_len=128,
+                     output_len=32, evict_blocks=1024, evict_prefix_len=4096,
+                     evict_unrelated_len=2032, evict_counts=(0, 2, 4, 5, 6, 7, 8, 10)),
+    },
+    "07": {
+        "quick": dict(num_requests=16, input_median=64, output_median=24,
+                      short_output_median=8, rate_fractions=(0.4, 0.8, 1.2), sweep_requests=12),
+        "cpu": dict(num_requests=16, input_median=64, output_median=24,
+                    short_output_median=8, rate_fractions=(0.3, 0.6, 0.9, 1.2), sweep_requests=24),
+        "cuda": dict(num_requests=100, input_median=512, output_median=96,
+                     short_output_median=32, rate_fractions=(0.3, 0.6, 0.9, 1.2), sweep_requests=150),
+    },
+    "08": {
+        "quick": dict(num_requests=8, input_len=96, output_len=16, caps=(1, 4, 8)),
+        "cpu": dict(num_requests=16, input_len=256, output_len=48,
+                    caps=(1, 4, 16)),
+        "cuda": dict(num_requests=128, input_len=1024, output_len=256,
+                     caps=(1, 8, 32, 128)),
+    },
+    "09": {
+        "quick": dict(num_requests=16, input_median=192, output_median=16,
+                      sim_requests=40, rates=3, datasheet_requests=40),
+        "cpu": dict(num_requests=24, input_median=256, output_median=32,
+                    sim_requests=120, rates=5, datasheet_requests=80),
+        "cuda": dict(num_requests=200, input_median=1024, output_median=128,
+                     sim_requests=300, rates=5, datasheet_requests=120),
+    },
+}
+
+
+def lesson_model(device: str | None = None, quick: bool | None = None) -> str:
+    """The preset the lessons time: tiny in quick mode, llama-120m on a CPU, Llama-3.2-1B on a GPU."""
+    quick = quick_mode() if quick is None else quick
+    return MODELS["quick" if quick else device_kind(device)]
+
+
+def sizes(lesson: str, quick: bool | None = None, device: str | None = None) -> dict:
+    """The sizes lesson `lesson` ("00".."09") uses here (quick, or for this device), its model
+    under "model"."""
+    if lesson not in SIZES:
+        raise ValueError(f"lesson {lesson!r} has no sizes; choose from {sorted(SIZES)}")
+    quick = quick_mode() if quick is None else quick
+    return {"model": lesson_model(device, quick), **SIZES[lesson]["quick" if quick else device_kind(device)]}
+
+
+def load_llm(model: str | None = None, device: str | None = None, dtype: str | None = None,
+             seed: int = 0, **config) -> LLM:
+    """Load `model` (default: lesson_model()) once; experiments run on engines over it
+    (`fresh_engine`). config: EngineConfig fields.
+
+    Quick mode on a CPU runs torch on one thread: CI runs two notebooks at once on two cores, and
+    two-thread OpenMP work sharing a core with other work slows down many times over."""
+    if quick_mode() and device_kind(device) == "cpu":
+        torch.set_num_threads(1)
+    return LLM(model or lesson_model(device), device=device, dtype=dtype, seed=seed,
+               config=EngineConfig(**config))
+
+
+def text_llm(device: str | None = None) -> LLM:
+    """The embedded demo model (text in, text out) when installed, else the tiny preset (ids)."""
+    return LLM(None, device=device, seed=0, config=EngineConfig(enable_prefix_caching=False))
+
+
+def default_dtype(device: str | None = None) -> str:
+    """What the engine picks when no dtype is given: bfloat16 on a GPU, float32 on a CPU."""
+    return "bfloat16" if device_kind(device) == "cuda" else "float32"
+
+
+def model_dtype(llm) -> str:
+    """The dtype the model runs in, as a name ('float32')."""
+    return dtype_name(engine_of(llm).dtype)
+
+
+def random_prompt(engine_or_llm, n: int, rng: np.random.Generator) -> list[int]:
+    """n random token ids of the engine's vocabulary (ids below 10 left out: special tokens)."""
+    vocab = engine_of(engine_or_llm).model_config.vocab_size
+    return random_tokens(n, rng, vocab, min(10, vocab - 1))
+
+
+def progress_bar(total: int, desc: str, show: bool):
+    """A tqdm progress bar (the notebook widget in a notebook), or none when show is False."""
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=desc, disable=not show, leave=False)
+
+
+def engine_of(x) -> LLMEngine:
+    """The LLMEngine of an LLM, or the engine itself."""
+    return getattr(x, "engine", x)
+
+
+def fresh_engine(engine_or_llm, **overrides) -> LLMEngine:
+    """A new engine over the same loaded model and KV tensors: its own scheduler and block
+    bookkeeping (so an empty prefix cache) and the EngineConfig fields in `overrides`.
+    num_kv_blocks may shrink the cache (never grow it); block_size can't change."""
+    engine = engine_of(engine_or_llm)
+    if overrides.get("block_size", engine.config.block_size) != engine.config.block_size:
+        raise ValueError("block_size is fixed by the allocated KV tensors; load the model again")
+    overrides.setdefault("num_kv_blocks", engine.num_kv_blocks)
+    return LLMEngine.from_executor(engine.executor, replace(engine.config, **overrides))
+
+
+def generate(engine_or_llm, prompts: Sequence[list[int]], params: SamplingParams | Sequence) -> list:
+    """All prompts at once, stepped to completion (no real-time arrivals). -> outputs in order."""
+    engine = engine_of(engine_or_llm)
+    params = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    final = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                final[o.request_id] = o
+    return [final[i] for i in ids]
+
+
+def slo_text(slo: dict) -> str:
+    """{"ttft": 0.12, "tpot": 0.026} -> 'ttft<=120ms,tpot<=26ms'."""
+    return ",".join(f"{k}<={v * 1e3:g}ms" for k, v in slo.items())
+
+
+def installed(device: str | None = None) -> Table:
+    """Versions and the device this course will measure."""
+    device = device or default_device()
+
+    def version(pkg):
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+    rows = [("python", platform.python_version()), *[(p, version(p)) for p in
+            ("nanoserve", "torch", "triton", "numpy", "matplotlib", "ipywidgets", "tqdm")],
+            ("device", f"{device}: {device_name(device)}")]
+    if device_kind(device) == "cpu":
+        rows.append(("torch threads", f"{torch.get_num_threads()} of {os.cpu_count()} CPUs"))
+    else:
+        props = torch.cuda.get_device_properties(torch.device(device))
+        rows.append(("GPU memory", f"{props.total_memory / 1e9:.1f} GB"))
+    rows += [("quick mode (NANOSERVE_QUICK)", str(quick_mode())), ("lesson model", lesson_model(device))]
+    return Table([{"what": k, "value": v} for k, v in rows], "What this course runs on")

@@ -1,0 +1,109 @@
+"""Lesson 09: colocated vs disaggregated goodput and latency, and the P:D / link / SLO explorer."""
+
+from __future__ import annotations
+
+from nanoserve.course.widgets.common import _ccdf, _log, _show
+from nanoserve.measure.figures import get_axes
+from nanoserve.measure.metrics import completed, itls
+
+
+def compute_disagg_view(study, num_prefill: int, link_bandwidth: float, ttft_slo_ms: float,
+                        itl_slo_ms: float) -> dict:
+    """Goodput, p90 TTFT and p99 ITL against arrival rate for `study.total` colocated instances
+    and for num_prefill prefill + the rest decode instances over a link_bandwidth link (modelled)."""
+    from nanoserve.measure.metrics import compute_metrics
+    slo = {"ttft": ttft_slo_ms / 1e3, "itl_p99": itl_slo_ms / 1e3}
+    layouts = {f"colocated x{study.total}": study.colocated(),
+               f"{num_prefill}P:{study.total - num_prefill}D over {link_bandwidth / 1e9:g} GB/s":
+               study.disaggregated(num_prefill, link_bandwidth)}
+    data = {"rates": list(study.rates), "label": study.label, "slo_ms": (ttft_slo_ms, itl_slo_ms),
+            "layouts": {}}
+    for name, results in layouts.items():
+        ms = [compute_metrics(r.outputs, slo=slo) for r in results]
+        data["layouts"][name] = {"goodput": [m.goodput for m in ms],
+                                 "throughput": [m.request_throughput for m in ms],
+                                 "ttft_p90": [1e3 * m.ttft.p90 for m in ms],
+                                 "itl_p99": [1e3 * m.itl.p99 for m in ms]}
+    return data
+
+
+def plot_disagg_view(data: dict, axes) -> None:
+    """Goodput, TTFT p90 and ITL p99 against arrival rate, one line per layout, SLOs dashed."""
+    styles = [dict(color="0.35", marker="o"), dict(color="tab:purple", marker="s")]
+    ax_g, ax_t, ax_i = axes
+    for (name, d), st in zip(data["layouts"].items(), styles):
+        ax_g.plot(data["rates"], d["goodput"], label=name, **st)
+        ax_t.plot(data["rates"], d["ttft_p90"], label=name, **st)
+        ax_i.plot(data["rates"], d["itl_p99"], label=name, **st)
+    ttft_slo, itl_slo = data["slo_ms"]
+    ax_t.axhline(ttft_slo, color="tab:red", ls="--", lw=1, label=f"SLO: TTFT {ttft_slo:g} ms")
+    ax_i.axhline(itl_slo, color="tab:red", ls="--", lw=1, label=f"SLO: p99 ITL {itl_slo:g} ms")
+    ax_g.set_ylabel("goodput (requests/s within the SLO)")
+    ax_t.set_ylabel("TTFT p90 (ms, log)")
+    ax_i.set_ylabel("ITL p99 over all gaps (ms, log)")
+    _log(ax_t, "y")
+    _log(ax_i, "y")
+    for ax, what in ((ax_g, "Goodput"), (ax_t, "Time to first token"), (ax_i, "Inter-token latency")):
+        ax.set_xlabel("arrival rate (requests/s)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title(what, fontsize=10)
+    ax_g.figure.suptitle(f"Colocated vs disaggregated, SLO TTFT <= {ttft_slo:g} ms and per-request "
+                         f"p99 ITL <= {itl_slo:g} ms\n{data['label']}", fontsize=9)
+
+
+LINK_CHOICES = [("NVLink 4: 450 GB/s", 450e9), ("PCIe 5.0 x16: 64 GB/s", 64e9),
+                ("InfiniBand NDR: 50 GB/s", 50e9), ("100 GbE: 12.5 GB/s", 12.5e9),
+                ("10 GbE: 1.25 GB/s", 1.25e9)]
+
+
+def disagg_explorer(study, ttft_slo_ms: float, itl_slo_ms: float, link_bandwidth: float = 50e9):
+    """P:D split, link and SLOs over the simulator (modelled). A new split or link simulates its
+    rates once (a few seconds); SLO changes only re-score the cached runs."""
+    import ipywidgets as W
+    import matplotlib.pyplot as plt
+    split = W.SelectionSlider(options=[(f"{p}P:{study.total - p}D", p) for p in range(1, study.total)],
+                              value=max(1, study.total // 2), description="prefill:decode",
+                              continuous_update=False, style={"description_width": "initial"})
+    links = dict(LINK_CHOICES)
+    if link_bandwidth not in links.values():
+        links[f"{link_bandwidth / 1e9:g} GB/s"] = link_bandwidth
+    link = W.Dropdown(options=list(links.items()), value=link_bandwidth, description="KV link",
+                      style={"description_width": "initial"})
+    ttft = W.SelectionSlider(options=sorted({25, 50, 100, 200, 400, 800, 1600, 3200, ttft_slo_ms}),
+                             value=ttft_slo_ms, description="TTFT SLO (ms)", continuous_update=False,
+                             style={"description_width": "initial"})
+    itl = W.SelectionSlider(options=sorted({5, 10, 15, 20, 30, 50, 100, 200, 400, itl_slo_ms}),
+                            value=itl_slo_ms, description="p99 ITL SLO (ms)", continuous_update=False,
+                            style={"description_width": "initial"})
+    status = W.HTML("modelled (simulator)")
+    out = W.Output()
+
+    def draw(_=None):
+        status.value = "simulating..."
+
+        def fig():
+            _, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+            plot_disagg_view(compute_disagg_view(study, split.value, link.value, ttft.value, itl.value), axes)
+        _show(out, fig)
+        status.value = "modelled (simulator)"
+    for w in (split, link, ttft, itl):
+        w.observe(draw, names="value")
+    draw()
+    return W.VBox([W.HBox([split, link]), W.HBox([ttft, itl, status]), out])
+
+
+def plot_layout_itl(results: dict, label: str, ax=None):
+    """Tail of the inter-token latency for each layout at one rate (modelled)."""
+    ax = get_axes(ax, (7, 3.8))
+    for (name, res), color in zip(results.items(), ["0.35", "tab:purple", "tab:green"]):
+        _ccdf(ax, [1e3 * g for o in res.outputs if completed(o) for g in itls(o)], color=color, lw=2,
+              label=name)
+    _log(ax, "x")
+    _log(ax, "y")
+    ax.set_xlabel("inter-token latency x (ms, log)")
+    ax.set_ylabel("fraction of gaps longer than x (log)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"ITL tail, colocated vs disaggregated\n{label}", fontsize=10)
+    return ax.figure

@@ -1,0 +1,140 @@
+"""Lesson 08: the step-time fit behind the cost split, the price box, and cost at an SLO."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nanoserve.course.scenarios.pricing import run_cost
+from nanoserve.course.setup import slo_text
+from nanoserve.course.widgets.common import _log, _show
+from nanoserve.measure.figures import DECODE_COLOR, PREFILL_COLOR, get_axes
+
+
+def plot_step_time_fit(results, ax=None):
+    """Where the money goes: each step's time against its tokens, with the fitted
+    step_time = a + b * prefill_tokens + c * decode_tokens (cost.fit_step_time) over the steps
+    of every run given (one BenchResult, or a dict or list of them)."""
+    import matplotlib.pyplot as plt
+
+    from nanoserve.measure.cost import fit_step_time
+    if ax is None:
+        _, ax = plt.subplots(1, 2, figsize=(12, 3.6), constrained_layout=True)
+    ax_d, ax_p = ax
+    results = list(results.values()) if isinstance(results, dict) else (
+        results if isinstance(results, (list, tuple)) else [results])
+    result = results[-1]
+    trace = [r for res in results for r in res.trace]
+    fit = fit_step_time(trace)
+    dec = [r for r in trace if r.num_prefill_tokens == 0]
+    pre = [r for r in trace if r.num_prefill_tokens > 0]
+    ax_d.plot([r.num_decode_tokens for r in dec], [1e3 * r.duration for r in dec], ".", color=DECODE_COLOR,
+              alpha=0.5, label="decode-only steps")
+    xs = np.arange(0, max([r.num_decode_tokens for r in dec], default=1) + 2)
+    ax_d.plot(xs, 1e3 * fit.predict(0, xs), "k-", lw=1,
+              label=f"fit: {1e3 * fit.a:.1f} ms + {1e3 * fit.c:.2f} ms x tokens")
+    ax_d.set_xlabel("decode tokens in the step (= running requests)")
+    ax_d.set_ylabel("step time (ms)")
+    ax_d.set_ylim(bottom=0)
+    ax_p.plot([r.num_prefill_tokens for r in pre], [1e3 * r.duration for r in pre], ".", color=PREFILL_COLOR,
+              alpha=0.7, label="steps with prefill")
+    xp = np.linspace(0, max([r.num_prefill_tokens for r in pre], default=1), 50)
+    ax_p.plot(xp, 1e3 * fit.predict(xp, 0), "k-", lw=1,
+              label=f"fit: {1e3 * fit.a:.1f} ms + {1e3 * fit.b:.3f} ms x tokens")
+    ax_p.set_xlabel("prefill tokens in the step")
+    ax_p.set_ylabel("step time (ms)")
+    ax_p.set_ylim(bottom=0)
+    for a in ax:
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=8)
+    ax_d.set_title(f"Decode: one token per request per step\n{result.device_label}", fontsize=10)
+    ax_p.set_title(f"Prefill: many tokens per step (fit R^2 {fit.r2:.2f})\n{result.device_label}",
+                   fontsize=10)
+    return ax_d.figure
+
+
+def compute_cost_view(runs: dict, price_per_hour: float) -> dict:
+    """$/1M input and output tokens of each measured run at price_per_hour, and providers' ratios."""
+    from nanoserve.measure.cost import PROVIDER_PRICES
+    reports = {k: run_cost(r, price_per_hour) for k, r in runs.items()}
+    return {"price": price_per_hour, "device": next(iter(runs.values())).device_label,
+            "runs": list(runs), "in": [reports[k].usd_per_1m_input for k in runs],
+            "out": [reports[k].usd_per_1m_output for k in runs],
+            "ratio": [reports[k].output_input_ratio for k in runs],
+            "providers": {n: (p.ratio, p.source, p.date) for n, p in PROVIDER_PRICES.items()}}
+
+
+def plot_cost_view(data: dict, axes) -> None:
+    """Left: $/1M input and output tokens per batch cap. Right: output/input ratio, this device
+    (measured) beside providers' list prices."""
+    ax, bx = axes
+    x = np.arange(len(data["runs"]))
+    ax.bar(x - 0.2, data["in"], 0.4, color=PREFILL_COLOR, label="per 1M input tokens")
+    ax.bar(x + 0.2, data["out"], 0.4, color=DECODE_COLOR, label="per 1M output tokens")
+    for xi, v in zip(x, data["out"]):
+        ax.text(xi + 0.2, v, f"${v:.3g}", ha="center", va="bottom", fontsize=7)
+    for xi, v in zip(x, data["in"]):
+        ax.text(xi - 0.2, v, f"${v:.3g}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(x, [str(r) for r in data["runs"]])
+    _log(ax, "y")
+    ax.set_xlabel("max_num_seqs (batch cap)")
+    ax.set_ylabel("USD per 1M tokens (log)")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.set_title(f"Cost at ${data['price']:.2f}/hour\n{data['device']}", fontsize=10)
+    names = [f"this device, max_num_seqs={r} (measured)" for r in data["runs"]]
+    names += [f"{n} (list price, {date})" for n, (_, _, date) in data["providers"].items()]
+    vals = list(data["ratio"]) + [v for v, _, _ in data["providers"].values()]
+    colors = ["tab:green"] * len(data["runs"]) + ["0.6"] * len(data["providers"])
+    bx.barh(range(len(vals)), vals, color=colors)
+    bx.set_yticks(range(len(vals)), names, fontsize=8)
+    bx.invert_yaxis()
+    _log(bx, "x")
+    bx.set_xlabel("output price / input price (log)")
+    bx.set_title("How much dearer an output token is,\nmeasured here vs list prices "
+                 "(sources: scenarios.provider_table())", fontsize=9)
+    bx.grid(True, axis="x", which="both", alpha=0.3)
+
+
+def cost_explorer(runs: dict, price_per_hour: float):
+    """A price-per-hour box: the measured runs re-priced instantly (no re-measuring)."""
+    import ipywidgets as W
+    import matplotlib.pyplot as plt
+    price = W.BoundedFloatText(value=price_per_hour, min=0.001, max=1000.0, step=0.05,
+                               description="price ($/hour)", style={"description_width": "initial"})
+    out = W.Output()
+
+    def draw(_=None):
+        def fig():
+            _, axes = plt.subplots(1, 2, figsize=(13, 4), constrained_layout=True)
+            plot_cost_view(compute_cost_view(runs, price.value), axes)
+        _show(out, fig)
+    price.observe(draw, names="value")
+    draw()
+    return W.VBox([price, out])
+
+
+def plot_cost_at_slo(evaluations, slo: dict, device: str, ax=None, metric: str = "tpot"):
+    """Each run's cost per 1M tokens (input + output) against its p90 `metric`; the SLO as a
+    line; the cheapest run meeting it starred."""
+    ax = get_axes(ax, (7, 4))
+    ok = [e for e in evaluations if e.meets_slo]
+    best = min(ok, key=lambda e: e.usd_per_1m_total, default=None)
+    for e in evaluations:
+        x = 1e3 * getattr(e.metrics, metric).p90
+        ax.plot(x, e.usd_per_1m_total, "o", ms=8, color="tab:green" if e.meets_slo else "tab:red")
+        ax.annotate(f"max_num_seqs={e.label}", (x, e.usd_per_1m_total), textcoords="offset points",
+                    xytext=(6, 4), fontsize=8)
+    if best is not None:
+        ax.plot(1e3 * getattr(best.metrics, metric).p90, best.usd_per_1m_total, "*", ms=20, mfc="none",
+                color="k", label="cheapest within the SLO")
+    if metric in slo:
+        ax.axvline(1e3 * slo[metric], color="tab:red", lw=1, ls="--",
+                   label=f"SLO {metric.upper()} {1e3 * slo[metric]:g} ms")
+    _log(ax, "y")
+    ax.set_xlabel(f"p90 {metric.upper()} (ms)")
+    ax.set_ylabel("USD per 1M tokens, input + output (log)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Cost at the same SLO ({slo_text(slo)}; green: 90% of requests within it)\n{device}",
+                 fontsize=10)
+    return ax.figure

@@ -1,0 +1,89 @@
+"""LLM: offline batch inference over an LLMEngine (`generate`, `stream`), as vLLM's LLM class."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from nanoserve.config import EngineConfig, ModelConfig
+from nanoserve.engine.llm_engine import LLMEngine
+from nanoserve.outputs import RequestOutput
+from nanoserve.sampling_params import SamplingParams
+
+
+class LLM:
+    """Offline batch inference over an LLMEngine: `generate` and `stream`."""
+
+    def __init__(self, model: str | ModelConfig | None = None, device: str | None = None,
+                 dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
+                 scheduler=None, **kwargs):
+        self.engine = LLMEngine(model, device, dtype, seed, config, scheduler_cls=scheduler, **kwargs)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def _add(self, prompts, params) -> list[str]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
+        token_lists = [self.engine.encode(p) for p in prompts]  # validate all before adding any
+        return [self.engine.add_request(t, p or SamplingParams()) for t, p in zip(token_lists, params_list)]
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run prompts (strings or token-id lists) to completion. -> outputs in prompt order."""
+        ids = self._add(prompts, params)
+        final: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(ids), desc="generate", unit="req")
+        while len(final) < len(ids):
+            steps = self.engine.num_steps
+            outs = self.engine.step()
+            if self.engine.num_steps == steps and not outs:
+                self._check_progress()
+            for o in outs:
+                if o.finished:
+                    final[o.request_id] = o
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [final[i] for i in ids]
+
+    def _check_progress(self) -> None:
+        """A step that scheduled nothing while arrived requests wait can only repeat forever."""
+        nxt = self.engine.next_arrival()
+        if nxt is None or nxt <= self.engine.clock():
+            stuck = [r.request_id for r in self.engine.scheduler.waiting]
+            raise RuntimeError(f"the scheduler scheduled nothing while requests {stuck[:5]} wait "
+                               "(is a prompt larger than max_num_batched_tokens without chunking?)")
+
+    def stream(self, prompts, params: SamplingParams | list[SamplingParams] | None = None
+               ) -> Iterator[RequestOutput]:
+        """Yield an output each time a request gets tokens; `new_token_ids` holds the delta and
+        `metrics.token_times[-len(new_token_ids):]` their timestamps. Closing the iterator
+        aborts what is left."""
+        ids = set(self._add(prompts, params))
+        try:
+            while ids:
+                steps = self.engine.num_steps
+                outs = self.engine.step()
+                if self.engine.num_steps == steps and not outs:
+                    self._check_progress()
+                for o in outs:
+                    if o.request_id in ids:
+                        if o.finished:
+                            ids.discard(o.request_id)
+                        yield o
+        finally:
+            for rid in ids:
+                self.engine.abort(rid)
+
+    def decode(self, token_ids: Iterable[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(map(str, token_ids))
+        return self.tokenizer.decode(list(token_ids))

@@ -1,0 +1,199 @@
+"""LLMEngine: add_request / step / abort, as vLLM's engine.
+
+The engine owns the clock, the requests, the scheduler and an executor. One `step()` is one
+scheduler iteration: schedule -> execute -> update; it returns one cumulative RequestOutput
+per request that got a new token. Requests carry an arrival time and are only scheduled once
+the engine clock passes it, so a workload can be replayed in real time (measure.bench) or on a
+simulated clock (nanoserve.sim, whose executor is a cost model instead of a ModelRunner).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from itertools import count
+from typing import Callable
+
+from nanoserve.config import EngineConfig, ModelConfig
+from nanoserve.engine.executor import Executor
+from nanoserve.engine.kv_cache import KVCacheManager
+from nanoserve.engine.model_runner import ModelRunner
+from nanoserve.engine.request import Request
+from nanoserve.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
+from nanoserve.engine.trace import StepRecord, TraceEntry
+from nanoserve.outputs import RequestOutput
+from nanoserve.sampling_params import SamplingParams
+
+
+@dataclass
+class EngineStats(SchedulerStats):
+    """The scheduler's counters and the engine's step count, as of the moment it was read."""
+
+    steps: int = 0  # steps that ran something
+
+
+class LLMEngine:
+    """The serving loop over a model (or, in the simulator, over a cost model).
+
+    LLMEngine(model, ...) loads a model and runs it with a ModelRunner;
+    LLMEngine.from_executor(executor, config) builds an engine over an executor that already
+    exists (a loaded ModelRunner, with a fresh scheduler and KV bookkeeping; a simulator's cost
+    model). `scheduler_cls` lets a student's scheduler replace ours (same constructor and methods).
+    """
+
+    def __init__(self, model: str | ModelConfig | None = None, device: str | None = None,
+                 dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
+                 scheduler_cls=None, clock: Callable[[], float] = time.perf_counter):
+        config = config or EngineConfig()
+        self._setup(ModelRunner.load(model, device, dtype, seed, config), config, scheduler_cls, clock)
+
+    @classmethod
+    def from_executor(cls, executor: Executor, config: EngineConfig | None = None,
+                      scheduler_cls=None, clock: Callable[[], float] = time.perf_counter) -> LLMEngine:
+        """An engine over an existing executor. KV blocks: config.num_kv_blocks, else all the
+        executor holds; never more than it holds (a simulator's executor holds no memory, so
+        config.num_kv_blocks is required there)."""
+        engine = cls.__new__(cls)
+        engine._setup(executor, config or EngineConfig(), scheduler_cls, clock)
+        return engine
+
+    def _setup(self, executor: Executor, config: EngineConfig, scheduler_cls, clock) -> None:
+        if not isinstance(executor, Executor):
+            raise TypeError(f"executor {executor!r} is not a nanoserve.engine.Executor (it needs "
+                            "execute_model(scheduler_output) and finish_requests(request_ids))")
+        held = getattr(executor, "num_kv_blocks", None)
+        num_blocks = config.num_kv_blocks or held
+        if num_blocks is None:
+            raise ValueError("an engine over an executor that holds no KV memory (a simulation) "
+                             "needs EngineConfig.num_kv_blocks")
+        if held is not None and num_blocks > held:
+            raise ValueError(f"num_kv_blocks={num_blocks} exceeds the {held} blocks the executor "
+                             "allocated; load the model with a larger cache")
+        self.config, self.clock, self.executor = config, clock, executor
+        self.model_config = executor.model_config
+        self.max_model_len = config.max_model_len_for(self.model_config)
+        self.num_kv_blocks = num_blocks
+        self.kv_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = (scheduler_cls or Scheduler)(config, self.kv_manager)
+        self.requests: dict[str, Request] = {}
+        self.trace: list[StepRecord] = []
+        self.num_steps = 0
+        self._ids = count()
+
+    # what the executor runs on: None in a simulation
+    @property
+    def model(self):
+        return self.executor.model
+
+    @property
+    def device(self) -> str | None:
+        return None if self.executor.device is None else str(self.executor.device)
+
+    @property
+    def dtype(self):
+        return self.executor.dtype
+
+    @property
+    def tokenizer(self):
+        return self.executor.tokenizer
+
+    @property
+    def model_name(self) -> str | None:
+        return self.executor.model_name
+
+    @property
+    def stats(self) -> EngineStats:
+        return EngineStats(**asdict(self.scheduler.stats), steps=self.num_steps)
+
+    # -- requests -----------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
+                    arrival_time: float | None = None, request_id: str | None = None) -> str:
+        """Queue a request. It is scheduled once the engine clock reaches arrival_time (default:
+        now). -> its request id. Bad input raises ValueError naming the value; nothing already
+        queued or running is touched."""
+        params = params or SamplingParams()
+        prompt_token_ids = list(prompt_token_ids)
+        if not prompt_token_ids:
+            raise ValueError("prompt is empty: a request needs at least one prompt token")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        n = len(prompt_token_ids)
+        if n > self.max_model_len:
+            raise ValueError(f"prompt of {n} tokens is longer than max_model_len={self.max_model_len}")
+        need = self.kv_manager.blocks_needed(min(n + params.max_tokens, self.max_model_len))
+        if need > self.num_kv_blocks:
+            raise ValueError(
+                f"request needs {need} KV blocks ({n} prompt + up to {params.max_tokens} output "
+                f"tokens, block_size={self.config.block_size}) but the cache has only "
+                f"num_kv_blocks={self.num_kv_blocks}")
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        req = Request(request_id, prompt_token_ids, params,
+                      self.clock() if arrival_time is None else arrival_time, self.max_model_len,
+                      self.model_config.eos_token_ids)
+        self.requests[request_id] = req
+        self.scheduler.add_request(req)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks. -> its final output (None if unknown/finished)."""
+        req = self.scheduler.abort(request_id)
+        if req is None:
+            return None
+        req.metrics.finished_time = self.clock()
+        self._forget([req])
+        return req.to_output(self._text(req))
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def next_arrival(self) -> float | None:
+        """Arrival time of the first request still waiting (for idle waits in replays)."""
+        return self.scheduler.next_arrival()
+
+    # -- the loop -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduler iteration: schedule what runs at the current clock, execute it, append
+        the sampled tokens. -> one cumulative RequestOutput per request that got a token (empty
+        when nothing could run: no request has arrived, or all are blocked)."""
+        start = self.clock()
+        out = self.scheduler.schedule(start)
+        if out.is_empty:
+            return []
+        sampled = self.executor.execute_model(out)
+        end = self.clock()
+        self.num_steps += 1
+        progressed = self.scheduler.update_from_output(out, sampled, end)
+        if self.config.record_trace:
+            self.trace.append(self._record(out, start, end))
+        self._forget([r for r in progressed if r.is_finished])
+        return [r.to_output(self._text(r) if r.is_finished else None) for r in progressed]
+
+    def _record(self, out: SchedulerOutput, start: float, end: float) -> StepRecord:
+        return StepRecord(
+            step=self.num_steps - 1, start=start, end=end, num_prefill_tokens=out.num_prefill_tokens,
+            num_decode_tokens=out.num_decode_tokens, num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting), kv_usage=self.kv_manager.usage,
+            preempted=out.preempted,
+            entries=[TraceEntry(s.request_id, "decode" if s.is_decode else "prefill",
+                                len(s.token_ids), s.start, s.sample) for s in out.seqs])
+
+    def _forget(self, reqs: list[Request]) -> None:
+        if reqs:
+            for req in reqs:
+                self.requests.pop(req.request_id, None)
+            self.executor.finish_requests([r.request_id for r in reqs])
+
+    def _text(self, req: Request) -> str | None:
+        return self.tokenizer.decode(req.output_token_ids) if self.tokenizer else None
+
+    def encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a model with a tokenizer; pass token ids instead")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+

@@ -1,0 +1,144 @@
+"""The model runner: turns a SchedulerOutput into tensors, runs the model, samples.
+
+All scheduled tokens of all requests form one flattened batch (num_tokens,); per request
+we pass where its tokens start (query_start_loc), how long its context is (seq_lens) and
+its block table, and per token the cache slot its new K/V goes to (slot_mapping).
+Only rows whose chunk reaches the end of the known tokens get logits and a sample.
+On CUDA, decode-only steps replay CUDA graphs (see cuda_graphs.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import torch
+
+from nanoserve.config import EngineConfig, ModelConfig, default_device
+from nanoserve.engine.executor import Executor
+from nanoserve.engine.kv_cache import allocate_kv_cache, kv_bytes_per_block, num_blocks_in
+from nanoserve.engine.sampler import Sampler
+from nanoserve.engine.scheduler import ScheduledSeq, SchedulerOutput
+from nanoserve.engine.tokenizer import load_tokenizer
+from nanoserve.kernels import AttentionMetadata
+
+CPU_KV_CACHE_BYTES = 512 * 2**20  # default KV budget on CPU: plenty for the course's workloads
+
+
+def num_kv_blocks_for(ecfg: EngineConfig, mcfg: ModelConfig, dtype, device, max_model_len: int) -> int:
+    """Blocks from num_kv_blocks, or a byte budget (CPU: capped by what max_num_seqs could use;
+    CUDA: gpu_memory_utilization of total memory minus what is already in use)."""
+    if ecfg.num_kv_blocks is not None:
+        return ecfg.num_kv_blocks
+    budget = ecfg.kv_cache_memory
+    if budget is None and str(device).startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        activations = 2**30  # headroom for a step's activations and CUDA graphs
+        budget = int(total * ecfg.gpu_memory_utilization) - (total - free) - activations
+    elif budget is None:
+        most_needed = ecfg.max_num_seqs * (max_model_len + ecfg.block_size) // ecfg.block_size
+        return min(num_blocks_in(CPU_KV_CACHE_BYTES, mcfg, dtype, ecfg.block_size), most_needed)
+    blocks = num_blocks_in(budget, mcfg, dtype, ecfg.block_size)
+    if blocks < 1:
+        raise ValueError(f"KV cache budget of {budget} bytes holds no block of "
+                         f"{kv_bytes_per_block(mcfg, ecfg.block_size, dtype)} bytes; raise "
+                         "kv_cache_memory / gpu_memory_utilization or set num_kv_blocks")
+    return blocks
+
+
+class ModelRunner(Executor):
+    """Runs a real model: owns the KV cache tensors, the sampler and (on CUDA) the decode graphs.
+
+    `execute_model(scheduler_output)` builds the step's flattened batch and AttentionMetadata
+    (`prepare`), runs the model, computes logits only where a token is sampled, and samples.
+    """
+
+    def __init__(self, model, mcfg: ModelConfig, ecfg: EngineConfig, device, dtype,
+                 num_blocks: int, seed: int = 0, tokenizer=None):
+        self.model, self.model_config, self.ecfg = model, mcfg, ecfg
+        self.tokenizer = tokenizer
+        if not ecfg.compile:  # inductor packs weights its own way
+            model.process_weights_after_loading()  # CPU: oneDNN-prepacked weights
+        # optional torch.compile: fuses the elementwise ops around the matmuls
+        self.forward = torch.compile(model, dynamic=True) if ecfg.compile else model
+        self.device, self.dtype = torch.device(device), dtype
+        self.block_size = ecfg.block_size
+        self.kv_caches = allocate_kv_cache(mcfg, num_blocks, ecfg.block_size, dtype, device)
+        self.sampler = Sampler(device, seed)
+        self.graphs = None
+        if self.device.type == "cuda" and not ecfg.enforce_eager:
+            from nanoserve.engine.cuda_graphs import CudaGraphRunner
+            self.graphs = CudaGraphRunner(self, ecfg.cuda_graph_batch_sizes)
+
+    def prepare(self, seqs: list[ScheduledSeq]):
+        """-> input_ids (T,), positions (T,), AttentionMetadata, logits_indices (S,)."""
+        dev, bs = self.device, self.block_size
+        lens = [len(s.token_ids) for s in seqs]
+        qsl = [0, *itertools.accumulate(lens)]
+        seq_lens = [s.start + n for s, n in zip(seqs, lens)]
+        input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)),
+                                 dtype=torch.long)
+        lens_t = torch.tensor(lens)
+        seq_idx = torch.repeat_interleave(torch.arange(len(seqs)), lens_t)  # (T,) owner of each token
+        starts = torch.tensor([s.start for s in seqs])
+        positions = torch.arange(qsl[-1]) - torch.tensor(qsl[:-1])[seq_idx] + starts[seq_idx]  # (T,)
+        width = max(len(s.block_ids) for s in seqs)
+        block_tables = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs],
+                                    dtype=torch.int32)  # (B, max_blocks)
+        slots = block_tables[seq_idx, positions // bs].long() * bs + positions % bs  # (T,)
+        attn = AttentionMetadata(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32).to(dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev),
+            block_tables=block_tables.to(dev), slot_mapping=slots.to(dev),
+            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+        logits_indices = [qsl[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
+        return input_ids.to(dev), positions.to(dev), attn, logits_indices
+
+    @classmethod
+    def load(cls, model: str | ModelConfig | None, device: str | None, dtype: str | None,
+             seed: int, config: EngineConfig) -> ModelRunner:
+        """Load `model` (default: the demo model) on `device` (default: CUDA if present) in
+        `dtype` (default: bf16 on CUDA, fp32 on CPU), with its tokenizer and a KV cache."""
+        from nanoserve.model import load_model
+        from nanoserve.model.loader import resolve_dtype
+        device = device or default_device()
+        dtype = resolve_dtype(dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+        torch.manual_seed(seed)
+        model = model if model is not None else default_model()
+        net, mcfg, folder = load_model(model, device, dtype, seed)
+        tokenizer = load_tokenizer(folder) if folder is not None else None
+        num_blocks = num_kv_blocks_for(config, mcfg, dtype, device, config.max_model_len_for(mcfg))
+        runner = cls(net, mcfg, config, device, dtype, num_blocks, seed, tokenizer)
+        if isinstance(model, str):
+            runner.model_name = os.path.basename(os.path.normpath(model)) if folder else model
+        return runner
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.kv_caches[0][0].shape[0]
+
+    def finish_requests(self, request_ids) -> None:
+        for rid in request_ids:
+            self.sampler.forget(rid)
+
+    @torch.inference_mode()
+    def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
+        """Run one step. -> {request_id: sampled token} for requests that reached a new token."""
+        seqs = out.seqs
+        input_ids, positions, attn, logits_indices = self.prepare(seqs)
+        if self.graphs is not None and self.graphs.can_run(seqs):
+            hidden = self.graphs.run(input_ids, positions, attn)
+        else:
+            hidden = self.forward(input_ids, positions, self.kv_caches, attn)  # (T, hidden)
+        if not logits_indices:
+            return {}
+        logits = self.model.compute_logits(hidden[logits_indices])  # (S, vocab)
+        sampling = [s for s in seqs if s.sample]
+        ids = [s.request_id for s in sampling]
+        return dict(zip(ids, self.sampler(logits, [s.params for s in sampling], ids)))
+
+
+def default_model() -> str:
+    """The embedded demo model when it is installed, else a tiny random preset."""
+    from nanoserve.model import DEMO_MODEL_DIR
+    return DEMO_MODEL_DIR if os.path.isfile(os.path.join(DEMO_MODEL_DIR, "config.json")) else "preset:tiny"

@@ -1,0 +1,277 @@
+"""The scheduler: every step, which tokens of which requests run (vLLM v1 style).
+
+One step has a token budget (`max_num_batched_tokens`) and a cap on running requests
+(`max_num_seqs`). Running requests are served first, in admission order: a decode costs
+one token, an unfinished prefill continues with as many tokens as the budget allows
+(chunked prefill). Then waiting requests that have arrived are admitted in arrival
+order while the budget, the seat cap and free KV blocks allow; on admission the longest
+cached prefix is reused and only the rest is computed. When a running request cannot
+get a block, the most recently admitted running request is preempted: its blocks are
+freed and it goes back to the head of the queue, to be recomputed later (its output so
+far is kept).
+
+Policies (EngineConfig): "continuous" admits every step; "static" forms a batch, runs it
+until every member finishes, and only then admits again. Without chunked prefill a
+prompt is admitted whole; priority "decode" serves running decodes first (a prompt
+larger than the whole budget then gets a step of its own), "prefill" runs prefill-only
+steps while prompts can be admitted (vLLM v0's default).
+
+The scheduler never touches tensors: the runner executes its SchedulerOutput, and the
+simulator drives the same class with a cost model.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from nanoserve.config import EngineConfig
+from nanoserve.engine.kv_cache import KVCacheManager
+from nanoserve.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledSeq:
+    """What the runner needs of one request this step."""
+
+    request_id: str
+    token_ids: list[int]  # the tokens to compute, at positions start .. start+len-1
+    start: int  # num_computed_tokens before this step
+    block_ids: list[int]
+    sample: bool  # this chunk reaches the end of the known tokens: sample the next one
+    params: object  # SamplingParams
+    is_decode: bool
+
+
+@dataclass
+class SchedulerOutput:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)  # same order as seqs
+    preempted: list[str] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+@dataclass
+class SchedulerStats:
+    """Counters of what the scheduler decided and saw run (the engine adds its step count)."""
+
+    prefill_tokens_computed: int = 0  # prompt (and recomputed) tokens actually run
+    cached_prompt_tokens: int = 0  # tokens served from the prefix cache at admission
+    decode_tokens: int = 0
+    preemptions: int = 0
+    finished_requests: int = 0
+    aborted_requests: int = 0
+
+
+class Scheduler:
+    """Decides, every step, which tokens of which requests run (see the module docstring).
+
+    State: `waiting` (a deque by arrival time; preempted requests go back to its head),
+    `running` (a list in admission order), the KV cache manager `kv` and the counters `stats`.
+    The public helpers `next_waiting`, `admit`, `add` and `preempt` are the moves a policy is made
+    of; a subclass with its own `schedule` (exercise 4) uses them to keep the bookkeeping right.
+    """
+
+    def __init__(self, config: EngineConfig, kv_manager: KVCacheManager):
+        self.config = config
+        self.kv = kv_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = SchedulerStats()
+        self.batch_open = True  # static policy: may the current batch still take requests?
+
+    # -- queue management -------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        t = req.metrics.arrival_time
+        if not self.waiting or self.waiting[-1].metrics.arrival_time <= t:
+            self.waiting.append(req)  # the usual case: requests come in arrival order
+            return
+        keys = [r.metrics.arrival_time for r in self.waiting]
+        self.waiting.insert(bisect.bisect_right(keys, t), req)
+
+    def abort(self, request_id: str) -> Request | None:
+        for queue in (self.running, self.waiting):
+            for req in queue:
+                if req.request_id == request_id:
+                    queue.remove(req)
+                    self.kv.free(req)
+                    req.status, req.finish_reason = RequestStatus.FINISHED, "abort"
+                    self.stats.aborted_requests += 1
+                    return req
+        return None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def next_arrival(self) -> float | None:
+        return self.waiting[0].metrics.arrival_time if self.waiting else None
+
+    # -- one step -----------------------------------------------------------------------
+    def schedule(self, now: float) -> SchedulerOutput:
+        """One step's work at engine time `now`: serve running requests (decodes and unfinished
+        prefills, preempting the newest when blocks run out), then admit arrived waiting
+        requests while the token budget, the seat cap and free blocks allow. -> SchedulerOutput
+        (empty when nothing can run)."""
+        cfg, out = self.config, SchedulerOutput()
+        budget = cfg.max_num_batched_tokens
+        if cfg.scheduling_policy == "static" and not self.running:
+            self.batch_open = True
+        head = self.next_waiting(now)
+        alone = (head is not None and not cfg.enable_chunked_prefill
+                 and head.num_tokens - head.num_computed_tokens > budget)
+        prefill_first = cfg.priority == "prefill" and not cfg.enable_chunked_prefill
+        if not (alone or prefill_first):
+            budget = self._schedule_running(budget, out)
+        if not out.preempted:
+            budget = self._schedule_waiting(now, budget, out, alone)
+        if (alone or prefill_first) and not out.seqs:  # nothing admitted after all
+            self._schedule_running(budget, out)
+        if cfg.scheduling_policy == "static" and (
+                len(self.running) >= cfg.max_num_seqs or self.next_waiting(now) is None
+                or any(not r.is_prefilling for r in self.running)):
+            self.batch_open = False  # full, nobody else waiting, or already decoding
+        return out
+
+    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = req.num_tokens - req.num_computed_tokens
+            if self.config.enable_chunked_prefill:
+                n = min(n, budget)
+            elif n > budget:
+                i += 1
+                continue
+            while not self.kv.allocate_slots(req, n):
+                victim = self.running[-1]  # the most recently admitted
+                self.preempt(victim, out)
+                if victim is req:
+                    return budget
+            self.add(req, n, out)
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, now: float, budget: int, out: SchedulerOutput, alone: bool) -> int:
+        cfg = self.config
+        if cfg.scheduling_policy == "static" and not self.batch_open:
+            return budget
+        cap = cfg.max_num_partial_prefills
+        while budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.next_waiting(now)
+            if req is None:
+                break
+            if cap and sum(r.is_prefilling for r in self.running) >= cap:
+                break
+            blocks, num_cached = self.kv.get_computed_blocks(req)
+            n = req.num_tokens - num_cached
+            if cfg.enable_chunked_prefill:
+                n = min(n, budget)
+            elif n > budget and not (alone and not out.seqs):
+                break  # admitted whole or not at all
+            if not self.kv.allocate_slots(req, n, blocks):
+                break
+            self.admit(req, num_cached, n, out, now)
+            budget -= n
+            if alone:
+                break
+        return budget
+
+    # -- the moves a policy is made of ------------------------------------------------
+    def next_waiting(self, now: float) -> Request | None:
+        """The head of the waiting queue if it has arrived by `now`, else None."""
+        if not self.waiting or self.waiting[0].metrics.arrival_time > now:
+            return None
+        return self.waiting[0]
+
+    def admit(self, req: Request, num_cached: int, num_new_tokens: int, out: SchedulerOutput,
+              now: float) -> None:
+        """Move `req`, the head of the waiting queue, to running: it reuses num_cached tokens of
+        prefix cache and computes num_new_tokens now (slots already reserved by allocate_slots)."""
+        if not self.waiting or self.waiting[0] is not req:
+            raise ValueError(f"admit(): request {req.request_id} is not the head of the waiting queue")
+        self.waiting.popleft()
+        self.running.append(req)
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = num_cached
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_cached
+        if req.metrics.first_scheduled_time is None:
+            req.metrics.first_scheduled_time = now
+        self.stats.cached_prompt_tokens += num_cached
+        self.add(req, num_new_tokens, out)
+
+    def add(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> None:
+        """Schedule the next num_new_tokens tokens of running request `req` (slots reserved)."""
+        start, n = req.num_computed_tokens, num_new_tokens
+        is_decode = bool(req.output_token_ids) and n == 1 and start == req.num_tokens - 1
+        out.seqs.append(ScheduledSeq(req.request_id, req.token_slice(start, n), start,
+                                     self.kv.block_ids(req.request_id),
+                                     start + n == req.num_tokens, req.params, is_decode))
+        out.requests.append(req)
+        if is_decode:
+            out.num_decode_tokens += 1
+        else:
+            out.num_prefill_tokens += n
+
+    def preempt(self, req: Request, out: SchedulerOutput) -> None:
+        """Take `req` out of running, free its blocks and put it at the head of the waiting queue;
+        it is recomputed from scratch when admitted again (its output so far is kept)."""
+        if req in self.running:
+            self.running.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        out.preempted.append(req.request_id)
+        self.stats.preemptions += 1
+
+    # -- after the step ---------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int],
+                           now: float) -> list[Request]:
+        """Advance progress, append sampled tokens, finish requests. -> requests with a new token."""
+        progressed = []
+        for seq, req in zip(out.seqs, out.requests):
+            req.num_computed_tokens += len(seq.token_ids)
+            if seq.is_decode:
+                self.stats.decode_tokens += 1
+            else:
+                self.stats.prefill_tokens_computed += len(seq.token_ids)
+            if req.request_id in sampled:
+                req.append_token(sampled[req.request_id], now)
+                progressed.append(req)
+                if req.finish_reason is not None:
+                    self._finish(req, now)
+        return progressed
+
+    def _finish(self, req: Request, now: float) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED
+        req.metrics.finished_time = now
+        self.stats.finished_requests += 1
+
+    def check_invariants(self) -> None:
+        """Every request is in the queue its status says, once; the seat cap holds; running
+        requests hold blocks for what they computed and waiting ones hold none."""
+        assert len(self.running) <= self.config.max_num_seqs, "more running requests than seats"
+        ids = [r.request_id for r in (*self.running, *self.waiting)]
+        assert len(ids) == len(set(ids)), "a request is queued twice"
+        for r in self.running:
+            assert r.status == RequestStatus.RUNNING, f"{r.request_id} running with status {r.status}"
+            assert len(self.kv.block_ids(r.request_id)) >= self.kv.blocks_needed(r.num_computed_tokens)
+        for r in self.waiting:
+            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), \
+                f"{r.request_id} waiting with status {r.status}"
+            assert not self.kv.block_ids(r.request_id), f"waiting {r.request_id} holds blocks"
