@@ -2,7 +2,8 @@
 
 ModelConfig mirrors the fields of a Hugging Face Llama/Qwen2/Qwen3 `config.json`;
 EngineConfig uses vLLM's names for vLLM's knobs so a student can read vLLM next.
-Validation raises ValueError naming the bad value and the allowed range.
+Validation raises ValueError (EngineConfig: nanoserve.errors.InvalidRequest, with `param` the
+field's name) naming the bad value and the allowed range.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, fields
+
+from nanoserve.errors import InvalidRequest, as_int, as_real
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -102,14 +105,27 @@ class ModelConfig:
 
 @dataclass
 class EngineConfig:
-    """The serving engine's knobs (vLLM names where vLLM has the idea)."""
+    """The serving engine's knobs (vLLM names where vLLM has the idea).
+
+    KV cache size: num_kv_blocks if set, else kv_cache_memory bytes if set, else sized from
+    memory. On CUDA: gpu_memory_utilization of the device's memory minus what is already in use
+    (and headroom for activations). On a CPU, as vLLM 0.32's CPU worker does (vLLM applies
+    gpu_memory_utilization to host memory there): gpu_memory_utilization of the machine's
+    memory minus what the process holds once the model is loaded; never so much that less than
+    (1 - gpu_memory_utilization) of the machine's memory stays available, nor more blocks than
+    max_num_seqs requests of max_model_len tokens can use (llama-120m, max_model_len 4096: at
+    most 3 GiB in bf16, 6 GiB in fp32; preset:tiny 512 MiB in fp32).
+    """
 
     block_size: int = 16  # tokens per KV-cache block
-    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory / gpu_memory_utilization
-    kv_cache_memory: int | None = None  # bytes for the KV cache; None: CPU 512 MiB, CUDA by utilization
-    gpu_memory_utilization: float = 0.9  # CUDA: fraction of total memory the engine may use
+    num_kv_blocks: int | None = None  # None: sized from kv_cache_memory or from memory (above)
+    kv_cache_memory: int | None = None  # bytes for the KV cache (vLLM: kv_cache_memory_bytes)
+    gpu_memory_utilization: float = 0.9  # share of device (CUDA) or host (CPU) memory to use
     max_num_seqs: int = 64  # most requests in the running batch
-    max_num_batched_tokens: int = 512  # token budget of one step
+    # token budget of one step; vLLM 0.32 uses 4096 (LLM) / 2048 (server) on a CPU and 2048 to
+    # 16384 on GPUs (EngineArgs defaults, vllm/engine/arg_utils.py). Larger budgets prefill more
+    # per step, and stall every decode longer behind a long prompt (lesson 05)
+    max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_chunked_prefill: bool = True
     max_num_partial_prefills: int = 0  # cap on prompts mid-prefill at once; 0 = no cap
@@ -124,30 +140,64 @@ class EngineConfig:
     def __post_init__(self):
         def check(name, ok, allowed):
             if not ok:
-                raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r} is invalid; "
-                                 f"allowed: {allowed}")
-        check("block_size", self.block_size >= 1, "an integer >= 1")
-        check("num_kv_blocks", self.num_kv_blocks is None or self.num_kv_blocks >= 1,
-              "None or an integer >= 1")
-        check("kv_cache_memory", self.kv_cache_memory is None or self.kv_cache_memory > 0,
-              "None or a positive number of bytes")
-        check("gpu_memory_utilization", 0 < self.gpu_memory_utilization <= 1, "(0, 1]")
-        check("max_num_seqs", self.max_num_seqs >= 1, "an integer >= 1")
-        check("max_num_batched_tokens", self.max_num_batched_tokens >= 1, "an integer >= 1")
-        check("max_model_len", self.max_model_len is None or self.max_model_len >= 1,
-              "None or an integer >= 1")
-        check("max_num_partial_prefills", self.max_num_partial_prefills >= 0,
-              "0 (no cap) or an integer >= 1")
+                raise InvalidRequest(name, f"EngineConfig.{name}={getattr(self, name)!r} is "
+                                           f"invalid; allowed: {allowed}")
+
+        def integer(name, low, optional=False):
+            value = getattr(self, name)
+            allowed = f"{'None or ' if optional else ''}an integer >= {low}"
+            if value is None:
+                check(name, optional, allowed)
+                return
+            try:
+                value = as_int(name, value)
+            except InvalidRequest:
+                value = None
+            check(name, value is not None and value >= low, allowed)
+            setattr(self, name, value)
+
+        def flag(name):
+            check(name, isinstance(getattr(self, name), bool), "True or False")
+
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            integer(name, 1)
+        integer("num_kv_blocks", 1, optional=True)
+        integer("max_model_len", 1, optional=True)
+        integer("max_num_partial_prefills", 0)
+        if self.kv_cache_memory is not None:
+            try:  # bytes; a float such as 2e9 is accepted and rounded down
+                memory = as_real("kv_cache_memory", self.kv_cache_memory)
+            except InvalidRequest:
+                memory = 0
+            check("kv_cache_memory", memory >= 1, "None or a positive number of bytes")
+            self.kv_cache_memory = int(memory)
+        try:
+            utilization = as_real("gpu_memory_utilization", self.gpu_memory_utilization)
+        except InvalidRequest:
+            utilization = 0
+        check("gpu_memory_utilization", 0 < utilization <= 1, "a number in (0, 1]")
+        self.gpu_memory_utilization = utilization
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "record_trace",
+                     "enforce_eager", "compile"):
+            flag(name)
         check("scheduling_policy", self.scheduling_policy in ("continuous", "static"),
               "'continuous' or 'static'")
         check("priority", self.priority in ("decode", "prefill"), "'decode' or 'prefill'")
+        sizes = self.cuda_graph_batch_sizes
+        try:
+            sizes = [as_int("cuda_graph_batch_sizes", b) for b in sizes]
+        except (InvalidRequest, TypeError):
+            sizes = None
+        check("cuda_graph_batch_sizes", sizes is not None and all(b >= 1 for b in sizes),
+              "a list of integers >= 1")
+        self.cuda_graph_batch_sizes = sizes
 
     def max_model_len_for(self, model_config: ModelConfig) -> int:
         """max_model_len, or the model's max_position_embeddings; never beyond the latter."""
         limit = model_config.max_position_embeddings
         if self.max_model_len is not None and self.max_model_len > limit:
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
-                             f"max_position_embeddings={limit}")
+            raise InvalidRequest("max_model_len", f"max_model_len={self.max_model_len} exceeds the "
+                                                  f"model's max_position_embeddings={limit}")
         return self.max_model_len or limit
 
 

@@ -29,11 +29,13 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     finished: bool
-    finish_reason: str | None  # "length" | "eos" | "stop" (a stop token) | "abort" | None
+    # "length" | "eos" | "stop" (a stop token) | "abort" | "error" (running it failed) | None
+    finish_reason: str | None
     metrics: RequestMetrics
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     text: str | None = None  # decoded token_ids when the model has a tokenizer
     new_token_ids: list[int] = field(default_factory=list)  # tokens added by this step
+    error: str | None = None  # what failed, when finish_reason is "error"
 
     @property
     def num_prompt_tokens(self) -> int:

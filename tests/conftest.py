@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import zlib
 
 # Before anything imports triton: without a GPU its kernels only run in the interpreter.
 if shutil.which("nvidia-smi") is None:
@@ -12,7 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from nanoserve import ModelConfig  # noqa: E402
-from nanoserve.engine import Executor  # noqa: E402
+from nanoserve.engine import Executor, RequestFailed  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # two workers on two cores: more OpenMP threads than cores makes small ops many times slower
@@ -69,19 +70,81 @@ def hf_models(tmp_path_factory):
 
 
 class FakeExecutor(Executor):
-    """A model-free executor: the real scheduler and KV manager run, tokens are a hash of
-    (request, position) (never EOS id 0). Keeps every SchedulerOutput it ran, and the ids it
-    was told to forget."""
+    """A model-free executor: the real scheduler and KV manager run; the token sampled at
+    position p of a request is a hash of (request id, p) (never EOS id 0), so a request's tokens
+    do not depend on how it was scheduled. Keeps every SchedulerOutput it ran, and the ids it
+    was told to forget.
 
-    def __init__(self, vocab_size: int = 2000):
+    With block_size it also plays the KV cache: every computed position writes a fingerprint of
+    the tokens up to it into its slot, then every position a sequence attends to must hold the
+    fingerprint of its own prefix; a wrong read (a block served to another prefix, or never
+    written) is recorded in `kv_errors`.
+
+    Failures to inject: fail[request_id] = "before" raises RequestFailed for that request before
+    the step runs (nothing written), "sample" after it ran (the others' tokens come with it);
+    fail_step = True makes the next step raise an error tied to nobody, after writing the KV of
+    half its sequences."""
+
+    def __init__(self, vocab_size: int = 2000, block_size: int | None = None):
         self.model_config = ModelConfig(vocab_size=vocab_size, hidden_size=8, intermediate_size=8,
                                         num_hidden_layers=1, num_attention_heads=1,
                                         max_position_embeddings=4096, eos_token_id=0)
         self.steps, self.finished = [], []
+        self.block_size, self.kv, self.kv_errors = block_size, {}, []
+        self.fingerprints: dict[str, list[int]] = {}
+        self.fail: dict[str, str] = {}
+        self.fail_step = False
+
+    @staticmethod
+    def token(request_id: str, position: int) -> int:
+        return 1 + zlib.crc32(f"{request_id}:{position}".encode()) % 99
 
     def execute_model(self, out):
         self.steps.append(out)
-        return {s.request_id: 1 + (hash((s.request_id, s.start)) % 99) for s in out.seqs if s.sample}
+        seqs = list(zip(out.seqs, out.requests))
+        before = {s.request_id: "injected failure" for s, _ in seqs
+                  if self.fail.get(s.request_id) == "before"}
+        if before:
+            for rid in before:
+                del self.fail[rid]
+            raise RequestFailed(before)
+        if self.fail_step:
+            self.fail_step = False
+            self._run_kv(seqs[:len(seqs) // 2])
+            raise RuntimeError("injected failure of the whole step")
+        self._run_kv(seqs)
+        sampled = {s.request_id: self.token(s.request_id, s.start + len(s.token_ids))
+                   for s, _ in seqs if s.sample}
+        after = {rid for rid in sampled if self.fail.get(rid) == "sample"}
+        if after:
+            for rid in after:
+                del self.fail[rid]
+            raise RequestFailed(dict.fromkeys(after, "injected sampling failure"),
+                                {r: t for r, t in sampled.items() if r not in after})
+        return sampled
+
+    def _run_kv(self, seqs) -> None:
+        """Write the new positions' KV, then read every position each sequence attends to."""
+        if self.block_size is None:
+            return
+        bs = self.block_size
+        for s, req in seqs:
+            fp = self._fingerprints(req)
+            for p in range(s.start, s.start + len(s.token_ids)):
+                self.kv[s.block_ids[p // bs], p % bs] = fp[p]
+        for s, req in seqs:
+            fp = self._fingerprints(req)
+            for p in range(s.start + len(s.token_ids)):
+                if self.kv.get((s.block_ids[p // bs], p % bs)) != fp[p]:
+                    self.kv_errors.append(f"request {s.request_id} read wrong KV at position {p}")
+                    break
+
+    def _fingerprints(self, req) -> list[int]:
+        """fp[p]: a hash of the request's tokens 0..p (equal prefixes, equal fingerprints)."""
+        fp, tokens = self.fingerprints.setdefault(req.request_id, []), req.all_token_ids
+        for p in range(len(fp), len(tokens)):
+            fp.append(hash((fp[-1] if fp else 0, tokens[p])))
+        return fp
 
     def finish_requests(self, request_ids):
         self.finished.extend(request_ids)

@@ -64,8 +64,9 @@ def test_greedy_output_is_independent_of_scheduling(reference, name):
 
 
 def fake_engine(**kw):
-    """The real scheduler and KV manager with a model-free executor (fast, for property tests)."""
-    executor = FakeExecutor()
+    """The real scheduler and KV manager with a model-free executor (fast, for property tests)
+    that checks every KV read."""
+    executor = FakeExecutor(block_size=kw.get("block_size", EngineConfig.block_size))
     return LLMEngine.from_executor(executor, EngineConfig(**kw)), executor.steps
 
 
@@ -120,6 +121,7 @@ def test_scheduler_invariants_on_random_workloads(lens, block_size, budget, max_
     assert not eng.has_unfinished(), "workload did not finish"
     assert {rid: len(o.token_ids) for rid, o in done.items()} == want
     assert all(o.finish_reason == "length" for o in done.values())
+    assert not eng.executor.kv_errors, eng.executor.kv_errors[:3]
     assert_no_leaks(eng)
 
 

@@ -8,7 +8,7 @@
     Executor        what the engine needs of whatever runs a step        (executor.py)
 """
 
-from nanoserve.engine.executor import Executor
+from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.kv_cache import KVCacheManager
 from nanoserve.engine.llm import LLM
 from nanoserve.engine.llm_engine import EngineStats, LLMEngine
@@ -16,5 +16,5 @@ from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.scheduler import Scheduler, SchedulerOutput
 from nanoserve.engine.trace import StepRecord, TraceEntry
 
-__all__ = ["EngineStats", "Executor", "KVCacheManager", "LLM", "LLMEngine", "ModelRunner", "Scheduler",
-           "SchedulerOutput", "StepRecord", "TraceEntry"]
+__all__ = ["EngineStats", "Executor", "KVCacheManager", "LLM", "LLMEngine", "ModelRunner",
+           "RequestFailed", "Scheduler", "SchedulerOutput", "StepRecord", "TraceEntry"]

@@ -6,6 +6,10 @@ things: execute one SchedulerOutput (-> the token sampled for every sequence tha
 of its known tokens) and forget requests that finished or were aborted (per-request state such
 as a seeded sampler's generator). It also says what it runs: the model's shape, and the device,
 dtype and module when there is a real model (None in a simulation).
+
+A failure inside execute_model never poisons the engine. An executor that can tie it to some
+requests raises RequestFailed naming them: the engine finishes those with finish_reason "error"
+and lets the others go on. Any other exception fails every request of that step (and only them).
 """
 
 from __future__ import annotations
@@ -15,6 +19,19 @@ from collections.abc import Iterable
 
 from nanoserve.config import ModelConfig
 from nanoserve.engine.scheduler import SchedulerOutput
+
+
+class RequestFailed(Exception):
+    """execute_model failed for some requests only.
+
+    errors: {request_id: message}. sampled: the tokens of the step's other sampling requests
+    when the step ran for them (a per-request sampling failure after the forward pass); None
+    when nothing of the step can be used: the engine then runs it again without the failed
+    requests."""
+
+    def __init__(self, errors: dict[str, str], sampled: dict[str, int] | None = None):
+        super().__init__("; ".join(f"request {rid}: {msg}" for rid, msg in errors.items()))
+        self.errors, self.sampled = errors, sampled
 
 
 class Executor(abc.ABC):
@@ -27,7 +44,8 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
-        """Run one step. -> {request_id: sampled token} for the sequences with `sample` set."""
+        """Run one step. -> {request_id: sampled token} for the sequences with `sample` set.
+        Raises RequestFailed for a failure tied to some requests (see the module docstring)."""
 
     def finish_requests(self, request_ids: Iterable[str]) -> None:
         """Drop per-request state of requests that left the engine. Default: none kept."""

@@ -6,7 +6,12 @@ i % block_size. Blocks are refcounted so requests that share a prompt prefix can
 its blocks (prefix caching, as in vLLM v1):
 
 - a *full* block is named by a chained hash of (parent block's hash, its token ids), so a
-  hash identifies the whole prefix up to and including that block;
+  hash identifies the whole prefix up to and including that block. The hash is sha256 over the
+  pickled (parent hash, token ids), vLLM v1's default (`hash_block_tokens` with `sha256` in
+  vllm/v1/core/kv_cache_utils.py and vllm/utils/hashing.py, vLLM 0.32): a collision would serve
+  another prompt's KV without a sign, so Python's 64-bit `hash()` is not enough. A hit also
+  compares the block's (parent hash, token ids) with the request's, as nano-vllm compares token
+  ids: a collision in the hash -> block map is a miss, never a wrong hit;
 - freed blocks keep their hash and go to the tail of an LRU free queue; a later request
   with the same prefix takes them back (refcount 0 -> 1) instead of recomputing;
 - a block is only really evicted (hash dropped) when the pool hands it out as new.
@@ -18,6 +23,8 @@ bookkeeping, so the simulator reuses it unchanged.
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -26,27 +33,44 @@ import torch
 from nanoserve.config import ModelConfig
 from nanoserve.engine.request import Request
 
+BlockKey = tuple  # (parent block's hash or None, the block's token ids): what a hash stands for
+
 
 @dataclass
 class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
-    block_hash: int | None = None  # set once the block is full and cached
+    block_hash: bytes | None = None  # set once the block is full and cached
+    key: BlockKey | None = None  # (parent hash, token ids) behind block_hash, compared on a hit
 
 
-def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
-    """Chained block hash: equal hashes mean equal *prefixes*, not just equal blocks."""
-    return hash((parent_hash, token_ids))
+# the first block's parent: fixed, so hashes are the same in every process (vLLM derives its
+# NONE_HASH from a fixed seed for sha256 unless PYTHONHASHSEED is set)
+NONE_HASH = hashlib.sha256(b"nanoserve-none-hash").digest()
 
 
-def request_block_hashes(request: Request, num_blocks: int, block_size: int) -> list[int]:
+def hash_block(parent_hash: bytes | None, token_ids) -> bytes:
+    """Chained block hash: equal hashes mean equal *prefixes*, not just equal blocks.
+    sha256 of the pickled (parent hash, token ids) as vLLM's `sha256` hashes its block tuple;
+    token ids are Python ints (add_request converts them), so the bytes are stable."""
+    data = pickle.dumps((parent_hash or NONE_HASH, tuple(token_ids)), pickle.HIGHEST_PROTOCOL)
+    return hashlib.sha256(data).digest()
+
+
+def request_block_hashes(request: Request, num_blocks: int, block_size: int) -> list[bytes]:
     """Hashes of the request's first `num_blocks` full blocks (extends request.block_hashes)."""
     hashes, tokens = request.block_hashes, None
     for i in range(len(hashes), num_blocks):
         tokens = tokens or request.all_token_ids
         parent = hashes[i - 1] if i else None
-        hashes.append(hash_block(parent, tuple(tokens[i * block_size:(i + 1) * block_size])))
+        hashes.append(hash_block(parent, tokens[i * block_size:(i + 1) * block_size]))
     return hashes[:num_blocks]
+
+
+def block_key(request: Request, i: int, block_size: int) -> BlockKey:
+    """(parent hash, token ids) of the request's full block i (its hash must exist already)."""
+    return (request.block_hashes[i - 1] if i else None,
+            tuple(request.token_slice(i * block_size, block_size)))
 
 
 class BlockPool:
@@ -66,13 +90,16 @@ class BlockPool:
         out = []
         for _ in range(n):
             _, block = self.free_queue.popitem(last=False)  # least recently freed first
-            if block.block_hash is not None:  # lazy eviction of a cached block
-                if self.cached.get(block.block_hash) is block:
-                    del self.cached[block.block_hash]
-                block.block_hash = None
+            self.uncache(block)  # lazy eviction of a cached block
             block.ref_cnt = 1
             out.append(block)
         return out
+
+    def uncache(self, block: KVCacheBlock) -> None:
+        """Drop a block's hash: no later request can hit it."""
+        if block.block_hash is not None and self.cached.get(block.block_hash) is block:
+            del self.cached[block.block_hash]
+        block.block_hash = block.key = None
 
     def touch(self, blocks: list[KVCacheBlock]) -> None:
         """Take a reference on prefix-cache hits (reviving them from the free queue)."""
@@ -88,11 +115,14 @@ class BlockPool:
             if b.ref_cnt == 0:
                 self.free_queue[b.block_id] = b
 
-    def lookup(self, block_hash: int) -> KVCacheBlock | None:
-        return self.cached.get(block_hash)
+    def lookup(self, block_hash: bytes, key: BlockKey) -> KVCacheBlock | None:
+        """The cached block of this hash if it holds this (parent hash, tokens): on a hash
+        collision the tokens differ and it is a miss."""
+        block = self.cached.get(block_hash)
+        return block if block is not None and block.key == key else None
 
-    def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
-        block.block_hash = block_hash
+    def cache_block(self, block: KVCacheBlock, block_hash: bytes, key: BlockKey) -> None:
+        block.block_hash, block.key = block_hash, key
         self.cached.setdefault(block_hash, block)  # a duplicate keeps the first copy
 
 
@@ -120,8 +150,8 @@ class KVCacheManager:
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits = []
-        for h in request_block_hashes(request, max_blocks, self.block_size):
-            block = self.pool.lookup(h)
+        for i, h in enumerate(request_block_hashes(request, max_blocks, self.block_size)):
+            block = self.pool.lookup(h, block_key(request, i, self.block_size))
             if block is None:
                 break
             hits.append(block)
@@ -158,8 +188,19 @@ class KVCacheManager:
         hashes = request_block_hashes(request, full, self.block_size)
         for i in range(done, full):
             if blocks[i].block_hash is None:
-                self.pool.cache_block(blocks[i], hashes[i])
+                self.pool.cache_block(blocks[i], hashes[i], block_key(request, i, self.block_size))
         self.num_cached_blocks[request.request_id] = full
+
+    def uncache_uncomputed(self, request: Request) -> list[int]:
+        """A step that did not finish was writing the request's blocks past its computed tokens:
+        they leave the prefix cache (hashed again once computed). -> their block ids."""
+        first = request.num_computed_tokens // self.block_size
+        blocks = self.req_to_blocks.get(request.request_id, [])[first:]
+        for b in blocks:
+            self.pool.uncache(b)
+        if self.num_cached_blocks.get(request.request_id, 0) > first:
+            self.num_cached_blocks[request.request_id] = first
+        return [b.block_id for b in blocks]
 
     def free(self, request: Request) -> None:
         """Return a request's blocks, tail first, so its prefix outlives its suffix in the LRU."""
@@ -193,8 +234,8 @@ class KVCacheManager:
             assert (b.ref_cnt == 0) == (b.block_id in self.pool.free_queue), \
                 f"block {b.block_id} free-queue mismatch"
         for h, b in self.pool.cached.items():
-            assert b.block_hash == h, \
-                f"cached map entry {h} points at block {b.block_id} with hash {b.block_hash}"
+            assert b.block_hash == h and b.key is not None, \
+                f"cached map entry {h.hex()[:8]} points at block {b.block_id} with another hash"
 
 
 def _element_size(dtype: torch.dtype | str) -> int:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Iterator
 
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine.llm_engine import LLMEngine
+from nanoserve.errors import InvalidRequest
 from nanoserve.outputs import RequestOutput
 from nanoserve.sampling_params import SamplingParams
 
@@ -23,13 +25,23 @@ class LLM:
         return self.engine.tokenizer
 
     def _add(self, prompts, params) -> list[str]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        """Queue every prompt, or none: a bad one raises and the ones added before it go."""
+        if isinstance(prompts, str) or (len(prompts) and _is_token_id(prompts[0])):
+            prompts = [prompts]  # one prompt: text, or token ids
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        token_lists = [self.engine.encode(p) for p in prompts]  # validate all before adding any
-        return [self.engine.add_request(t, p or SamplingParams()) for t, p in zip(token_lists, params_list)]
+            raise InvalidRequest("sampling_params", f"got {len(params_list)} SamplingParams for "
+                                                    f"{len(prompts)} prompts")
+        token_lists = [self.engine.encode(p) for p in prompts]
+        ids: list[str] = []
+        try:
+            for t, p in zip(token_lists, params_list):
+                ids.append(self.engine.add_request(t, p))
+        except Exception:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        return ids
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
@@ -87,3 +99,8 @@ class LLM:
         if self.tokenizer is None:
             return " ".join(map(str, token_ids))
         return self.tokenizer.decode(list(token_ids))
+
+
+def _is_token_id(x) -> bool:
+    """A number (Python, NumPy) or a 0-d tensor: what a single prompt's first element is."""
+    return isinstance(x, numbers.Number) or getattr(x, "ndim", None) == 0

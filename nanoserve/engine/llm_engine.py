@@ -5,24 +5,34 @@ scheduler iteration: schedule -> execute -> update; it returns one cumulative Re
 per request that got a new token. Requests carry an arrival time and are only scheduled once
 the engine clock passes it, so a workload can be replayed in real time (measure.bench) or on a
 simulated clock (nanoserve.sim, whose executor is a cost model instead of a ModelRunner).
+
+One bad request never harms another: add_request checks everything it is given (InvalidRequest
+naming the field) before anything is queued, and a failure while running a step finishes only
+the requests it is tied to (finish_reason "error", `error` says what failed, blocks freed; see
+executor.py); the engine stays usable.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from dataclasses import asdict, dataclass
 from itertools import count
 from typing import Callable
 
 from nanoserve.config import EngineConfig, ModelConfig
-from nanoserve.engine.executor import Executor
+from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.kv_cache import KVCacheManager
 from nanoserve.engine.model_runner import ModelRunner
-from nanoserve.engine.request import Request
+from nanoserve.engine.request import Request, check_prompt
 from nanoserve.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from nanoserve.engine.trace import StepRecord, TraceEntry
+from nanoserve.errors import InvalidRequest, as_real
 from nanoserve.outputs import RequestOutput
 from nanoserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,7 +54,8 @@ class LLMEngine:
     def __init__(self, model: str | ModelConfig | None = None, device: str | None = None,
                  dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
                  scheduler_cls=None, clock: Callable[[], float] = time.perf_counter):
-        config = config or EngineConfig()
+        config = EngineConfig() if config is None else config
+        _check_options(config, scheduler_cls, clock)  # before the model loads
         self._setup(ModelRunner.load(model, device, dtype, seed, config), config, scheduler_cls, clock)
 
     @classmethod
@@ -53,8 +64,10 @@ class LLMEngine:
         """An engine over an existing executor. KV blocks: config.num_kv_blocks, else all the
         executor holds; never more than it holds (a simulator's executor holds no memory, so
         config.num_kv_blocks is required there)."""
+        config = EngineConfig() if config is None else config
+        _check_options(config, scheduler_cls, clock)
         engine = cls.__new__(cls)
-        engine._setup(executor, config or EngineConfig(), scheduler_cls, clock)
+        engine._setup(executor, config, scheduler_cls, clock)
         return engine
 
     def _setup(self, executor: Executor, config: EngineConfig, scheduler_cls, clock) -> None:
@@ -109,30 +122,39 @@ class LLMEngine:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None, request_id: str | None = None) -> str:
         """Queue a request. It is scheduled once the engine clock reaches arrival_time (default:
-        now). -> its request id. Bad input raises ValueError naming the value; nothing already
-        queued or running is touched."""
-        params = params or SamplingParams()
-        prompt_token_ids = list(prompt_token_ids)
-        if not prompt_token_ids:
-            raise ValueError("prompt is empty: a request needs at least one prompt token")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in prompt_token_ids if not 0 <= int(t) < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        n = len(prompt_token_ids)
-        if n > self.max_model_len:
-            raise ValueError(f"prompt of {n} tokens is longer than max_model_len={self.max_model_len}")
+        now). -> its request id. Bad input raises InvalidRequest (a ValueError) naming the field
+        and the value; nothing already queued or running is touched. The engine keeps its own
+        checked copy of `params`: changing the caller's object later changes nothing here."""
+        if params is None:
+            params = SamplingParams()
+        elif isinstance(params, SamplingParams):
+            params = dataclasses.replace(params)  # a copy, checked again by __post_init__
+        else:
+            raise InvalidRequest("sampling_params", f"params={params!r} must be a SamplingParams")
+        prompt = check_prompt(prompt_token_ids, self.model_config.vocab_size, self.max_model_len)
+        vocab, n = self.model_config.vocab_size, len(prompt)
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:  # as vLLM's _validate_stop_token_ids
+            raise InvalidRequest("stop_token_ids", f"stop_token_ids entry {bad[0]} is outside the "
+                                                   f"vocabulary [0, {vocab})")
         need = self.kv_manager.blocks_needed(min(n + params.max_tokens, self.max_model_len))
         if need > self.num_kv_blocks:
-            raise ValueError(
+            raise InvalidRequest(
+                "prompt" if self.kv_manager.blocks_needed(n + 1) > self.num_kv_blocks else "max_tokens",
                 f"request needs {need} KV blocks ({n} prompt + up to {params.max_tokens} output "
                 f"tokens, block_size={self.config.block_size}) but the cache has only "
                 f"num_kv_blocks={self.num_kv_blocks}")
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        req = Request(request_id, prompt_token_ids, params,
-                      self.clock() if arrival_time is None else arrival_time, self.max_model_len,
+        if arrival_time is None:
+            arrival_time = self.clock()
+        else:
+            arrival_time = as_real("arrival_time", arrival_time)
+        if request_id is None:
+            request_id = next(i for i in map(str, self._ids) if i not in self.requests)
+        elif not isinstance(request_id, str) or not request_id:
+            raise InvalidRequest("request_id", f"request_id={request_id!r} must be a non-empty string")
+        elif request_id in self.requests:
+            raise InvalidRequest("request_id", f"request_id {request_id!r} is already in use")
+        req = Request(request_id, prompt, params, arrival_time, self.max_model_len,
                       self.model_config.eos_token_ids)
         self.requests[request_id] = req
         self.scheduler.add_request(req)
@@ -157,20 +179,73 @@ class LLMEngine:
     # -- the loop -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduler iteration: schedule what runs at the current clock, execute it, append
-        the sampled tokens. -> one cumulative RequestOutput per request that got a token (empty
-        when nothing could run: no request has arrived, or all are blocked)."""
+        the sampled tokens. -> one cumulative RequestOutput per request that got a token or
+        failed (finish_reason "error"); empty when nothing could run: no request has arrived,
+        or all are blocked."""
         start = self.clock()
         out = self.scheduler.schedule(start)
         if out.is_empty:
             return []
-        sampled = self.executor.execute_model(out)
+        ran, sampled, errors = self._execute(out)
         end = self.clock()
         self.num_steps += 1
-        progressed = self.scheduler.update_from_output(out, sampled, end)
-        if self.config.record_trace:
-            self.trace.append(self._record(out, start, end))
-        self._forget([r for r in progressed if r.is_finished])
-        return [r.to_output(self._text(r) if r.is_finished else None) for r in progressed]
+        progressed = self.scheduler.update_from_output(ran, sampled, end)
+        failed = [self._fail(rid, message, end) for rid, message in errors.items()]
+        if self.config.record_trace and not ran.is_empty:
+            self.trace.append(self._record(ran, start, end))
+        self._forget([r for r in progressed if r.is_finished] + failed)
+        return [r.to_output(self._text(r) if r.is_finished else None) for r in progressed + failed]
+
+    def _execute(self, out: SchedulerOutput) -> tuple[SchedulerOutput, dict[str, int], dict[str, str]]:
+        """Run the step; a failure takes out only the requests it is tied to (RequestFailed),
+        or, tied to nobody, the step's requests. -> (the part of the step that ran, its
+        sampled tokens, {request_id: error} of the requests that failed)."""
+        errors: dict[str, str] = {}
+        while not out.is_empty:
+            try:
+                return out, self.executor.execute_model(out), errors
+            except Exception as exc:
+                ids = {s.request_id for s in out.seqs}
+                tied = {rid: msg for rid, msg in exc.errors.items() if rid in ids} \
+                    if isinstance(exc, RequestFailed) else {}
+                if not tied:
+                    logger.error("step %d failed, failing its %d requests", self.num_steps,
+                                 len(ids), exc_info=exc)
+                    errors.update(dict.fromkeys(ids, f"the step failed: {type(exc).__name__}: {exc}"))
+                    return out.without(ids), {}, errors
+                logger.warning("step %d: %s", self.num_steps, exc)
+                errors.update(tied)
+                if exc.sampled is not None:  # the step ran for the others: keep their tokens
+                    return out.without(tied), {r: t for r, t in exc.sampled.items()
+                                               if r not in tied}, errors
+                out = self._drop(out, set(tied))
+        return out, {}, errors
+
+    def _drop(self, out: SchedulerOutput, ids: set[str]) -> SchedulerOutput:
+        """The step without `ids`, to run again. A request that took a prefix-cache hit this
+        step on a block only a dropped request was to write would read KV nobody writes: it is
+        preempted (recomputed later) and dropped as well, and so on."""
+        kv, unwritten = self.kv_manager, set()
+        for req in out.requests:
+            if req.request_id in ids:
+                unwritten.update(kv.uncache_uncomputed(req))
+        while ids:
+            out = out.without(ids)
+            readers = [r for r in out.requests if unwritten.intersection(kv.block_ids(r.request_id))]
+            for req in readers:
+                unwritten.update(kv.uncache_uncomputed(req))
+                self.scheduler.preempt(req, out)
+            ids = {r.request_id for r in readers}
+        return out
+
+    def _fail(self, request_id: str, message: str, now: float) -> Request:
+        """Finish a request whose step failed: its blocks from that step leave the prefix cache
+        (their KV may be half written), the others are freed."""
+        req = self.requests[request_id]
+        self.kv_manager.uncache_uncomputed(req)
+        self.scheduler.abort(request_id, "error")
+        req.error, req.metrics.finished_time = message, now
+        return req
 
     def _record(self, out: SchedulerOutput, start: float, end: float) -> StepRecord:
         return StepRecord(
@@ -190,10 +265,21 @@ class LLMEngine:
     def _text(self, req: Request) -> str | None:
         return self.tokenizer.decode(req.output_token_ids) if self.tokenizer else None
 
-    def encode(self, prompt) -> list[int]:
+    def encode(self, prompt):
+        """Text -> token ids with the model's tokenizer; token ids are returned as they are
+        (add_request checks them)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("text prompts need a model with a tokenizer; pass token ids instead")
+                raise InvalidRequest("prompt", "text prompts need a model with a tokenizer; pass "
+                                               "token ids instead")
             return self.tokenizer.encode(prompt)
-        return list(prompt)
+        return prompt
 
+
+def _check_options(config, scheduler_cls, clock) -> None:
+    if not isinstance(config, EngineConfig):
+        raise InvalidRequest("config", f"config={config!r} must be an EngineConfig")
+    if scheduler_cls is not None and not isinstance(scheduler_cls, type):
+        raise InvalidRequest("scheduler", f"scheduler={scheduler_cls!r} must be a Scheduler class")
+    if not callable(clock):
+        raise InvalidRequest("clock", f"clock={clock!r} must be a function returning seconds")

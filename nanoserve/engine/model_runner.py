@@ -20,30 +20,59 @@ from nanoserve.engine.kv_cache import allocate_kv_cache, kv_bytes_per_block, num
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from nanoserve.engine.tokenizer import load_tokenizer
+from nanoserve.errors import InvalidRequest, as_int
 from nanoserve.kernels import AttentionMetadata
-
-CPU_KV_CACHE_BYTES = 512 * 2**20  # default KV budget on CPU: plenty for the course's workloads
 
 
 def num_kv_blocks_for(ecfg: EngineConfig, mcfg: ModelConfig, dtype, device, max_model_len: int) -> int:
-    """Blocks from num_kv_blocks, or a byte budget (CPU: capped by what max_num_seqs could use;
-    CUDA: gpu_memory_utilization of total memory minus what is already in use)."""
+    """Blocks from num_kv_blocks, or a byte budget: kv_cache_memory, else on CUDA
+    gpu_memory_utilization of total memory minus what is already in use, on a CPU
+    `cpu_kv_cache_budget` capped by what max_num_seqs requests of max_model_len tokens can use."""
     if ecfg.num_kv_blocks is not None:
         return ecfg.num_kv_blocks
-    budget = ecfg.kv_cache_memory
+    budget, most_needed = ecfg.kv_cache_memory, None
     if budget is None and str(device).startswith("cuda"):
         free, total = torch.cuda.mem_get_info(torch.device(device))
         activations = 2**30  # headroom for a step's activations and CUDA graphs
         budget = int(total * ecfg.gpu_memory_utilization) - (total - free) - activations
     elif budget is None:
-        most_needed = ecfg.max_num_seqs * (max_model_len + ecfg.block_size) // ecfg.block_size
-        return min(num_blocks_in(CPU_KV_CACHE_BYTES, mcfg, dtype, ecfg.block_size), most_needed)
+        budget = cpu_kv_cache_budget(ecfg.gpu_memory_utilization)
+        # a cap, so a small model on a big machine does not take gigabytes it can never use
+        most_needed = ecfg.max_num_seqs * -(-max_model_len // ecfg.block_size)
     blocks = num_blocks_in(budget, mcfg, dtype, ecfg.block_size)
     if blocks < 1:
         raise ValueError(f"KV cache budget of {budget} bytes holds no block of "
                          f"{kv_bytes_per_block(mcfg, ecfg.block_size, dtype)} bytes; raise "
                          "kv_cache_memory / gpu_memory_utilization or set num_kv_blocks")
-    return blocks
+    return blocks if most_needed is None else min(blocks, most_needed)
+
+
+def cpu_kv_cache_budget(utilization: float) -> int:
+    """Bytes for the KV cache on a CPU, as vLLM 0.32's CPU worker sizes it (CPUWorker in
+    vllm/v1/worker/cpu_worker.py): `utilization` of the machine's memory minus what this process
+    holds once the model is loaded (its resident memory). vLLM refuses to start when the memory
+    available now is short of that share; a laptop runs other programs, so here the budget is
+    cut instead, to keep (1 - utilization) of the machine's memory available."""
+    import psutil
+    mem = psutil.virtual_memory()
+    held = psutil.Process().memory_info().rss
+    return int(min(mem.total * utilization - held, mem.available - mem.total * (1 - utilization)))
+
+
+def check_device(device) -> str:
+    """'cpu', 'cuda' or 'cuda:N' as a string; InvalidRequest naming anything else."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InvalidRequest("device", f"device={device!r} is not a torch device "
+                                       "(e.g. 'cpu', 'cuda', 'cuda:1')") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise InvalidRequest("device", f"device={device!r}: nanoserve runs on 'cpu' or 'cuda'")
+    if dev.type == "cuda" and (not torch.cuda.is_available()
+                               or (dev.index or 0) >= torch.cuda.device_count()):
+        raise InvalidRequest("device", f"device={device!r} but torch sees "
+                                       f"{torch.cuda.device_count()} CUDA device(s)")
+    return str(dev)
 
 
 class ModelRunner(Executor):
@@ -101,8 +130,16 @@ class ModelRunner(Executor):
         `dtype` (default: bf16 on CUDA, fp32 on CPU), with its tokenizer and a KV cache."""
         from nanoserve.model import load_model
         from nanoserve.model.loader import resolve_dtype
-        device = device or default_device()
-        dtype = resolve_dtype(dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+        if model is not None and not isinstance(model, (str, ModelConfig)):
+            raise InvalidRequest("model", f"model={model!r} must be a checkpoint folder, a hub id, "
+                                          "'preset:NAME' or a ModelConfig")
+        device = check_device(device or default_device())
+        seed = as_int("seed", seed)
+        try:
+            dtype = resolve_dtype(dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequest("dtype", str(exc) if isinstance(exc, ValueError)
+                                 else f"dtype={dtype!r} is not a dtype name") from None
         torch.manual_seed(seed)
         model = model if model is not None else default_model()
         net, mcfg, folder = load_model(model, device, dtype, seed)

@@ -1,9 +1,11 @@
-"""A request's life inside the engine: its tokens, progress, blocks and timestamps."""
+"""A request's life inside the engine: its tokens, progress, blocks and timestamps; and the
+checks a prompt passes on its way in."""
 
 from __future__ import annotations
 
 import enum
 
+from nanoserve.errors import InvalidRequest, as_int
 from nanoserve.outputs import RequestMetrics, RequestOutput
 from nanoserve.sampling_params import SamplingParams
 
@@ -30,8 +32,9 @@ class Request:
         # tokens whose KV is in the cache; the next step computes from here
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hits at first admission (-1: not yet admitted)
-        self.block_hashes: list = []  # chained hashes of this request's full blocks
+        self.block_hashes: list[bytes] = []  # chained hashes of this request's full blocks
         self.finish_reason: str | None = None
+        self.error: str | None = None  # what failed, when finish_reason is "error"
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.num_preemptions = 0
         self.emitted = 0  # output tokens already reported (for streaming deltas)
@@ -86,4 +89,36 @@ class Request:
             request_id=self.request_id, prompt_token_ids=self.prompt_token_ids,
             token_ids=list(self.output_token_ids), finished=self.is_finished,
             finish_reason=self.finish_reason, metrics=self.metrics,
-            num_cached_tokens=max(self.num_cached_tokens, 0), text=text, new_token_ids=new)
+            num_cached_tokens=max(self.num_cached_tokens, 0), text=text, new_token_ids=new,
+            error=self.error)
+
+
+def check_prompt(prompt, vocab_size: int, max_model_len: int) -> list[int]:
+    """A prompt as a list of Python ints: a list or tuple of ints (NumPy/torch integer scalars
+    converted), or a 1-D integer array or tensor; checked as vLLM 0.32's input processor does
+    (vllm/v1/engine/input_processor.py, _validate_prompt_len and _validate_model_input: not
+    empty, in the vocabulary, shorter than max_model_len). InvalidRequest("prompt", ...) if not."""
+    if isinstance(prompt, str):
+        raise InvalidRequest("prompt", "add_request takes token ids; encode text first "
+                                       "(engine.encode(text) with a model that has a tokenizer)")
+    if hasattr(prompt, "tolist"):  # a NumPy array or a torch tensor: Python scalars
+        prompt = prompt.tolist()
+    try:
+        ids = list(prompt)
+    except TypeError:
+        raise InvalidRequest("prompt", f"prompt={prompt!r} must be a list of token ids") from None
+    if not ids:
+        raise InvalidRequest("prompt", "prompt is empty: a request needs at least one prompt token")
+    if not all(type(t) is int for t in ids):
+        ids = [as_int("prompt", t, f"prompt token id {t!r} (position {i})") for i, t in enumerate(ids)]
+    lo, hi = min(ids), max(ids)
+    if lo < 0 or hi >= vocab_size:
+        raise InvalidRequest("prompt", f"prompt token id {lo if lo < 0 else hi} is outside the "
+                                       f"vocabulary [0, {vocab_size})")
+    if len(ids) > max_model_len:
+        raise InvalidRequest("prompt", f"prompt of {len(ids)} tokens is longer than "
+                                       f"max_model_len={max_model_len}")
+    if len(ids) == max_model_len:  # vLLM refuses it too: no room for one output token
+        raise InvalidRequest("prompt", f"prompt of {len(ids)} tokens leaves no room for an output "
+                                       f"token within max_model_len={max_model_len}")
+    return ids

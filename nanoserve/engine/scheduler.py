@@ -60,6 +60,22 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.seqs
 
+    def append(self, seq: ScheduledSeq, req: Request) -> None:
+        self.seqs.append(seq)
+        self.requests.append(req)
+        if seq.is_decode:
+            self.num_decode_tokens += 1
+        else:
+            self.num_prefill_tokens += len(seq.token_ids)
+
+    def without(self, request_ids) -> SchedulerOutput:
+        """This step minus the given requests (a failure took them out of it)."""
+        out = SchedulerOutput(preempted=self.preempted)
+        for seq, req in zip(self.seqs, self.requests):
+            if seq.request_id not in request_ids:
+                out.append(seq, req)
+        return out
+
 
 @dataclass
 class SchedulerStats:
@@ -71,6 +87,7 @@ class SchedulerStats:
     preemptions: int = 0
     finished_requests: int = 0
     aborted_requests: int = 0
+    failed_requests: int = 0  # finished with finish_reason "error"
 
 
 class Scheduler:
@@ -99,14 +116,19 @@ class Scheduler:
         keys = [r.metrics.arrival_time for r in self.waiting]
         self.waiting.insert(bisect.bisect_right(keys, t), req)
 
-    def abort(self, request_id: str) -> Request | None:
+    def abort(self, request_id: str, finish_reason: str = "abort") -> Request | None:
+        """Finish a queued or running request now ("abort", or "error" when running it failed)
+        and free its blocks. -> the request, or None if it is not here."""
         for queue in (self.running, self.waiting):
             for req in queue:
                 if req.request_id == request_id:
                     queue.remove(req)
                     self.kv.free(req)
-                    req.status, req.finish_reason = RequestStatus.FINISHED, "abort"
-                    self.stats.aborted_requests += 1
+                    req.status, req.finish_reason = RequestStatus.FINISHED, finish_reason
+                    if finish_reason == "error":
+                        self.stats.failed_requests += 1
+                    else:
+                        self.stats.aborted_requests += 1
                     return req
         return None
 
@@ -215,14 +237,9 @@ class Scheduler:
         """Schedule the next num_new_tokens tokens of running request `req` (slots reserved)."""
         start, n = req.num_computed_tokens, num_new_tokens
         is_decode = bool(req.output_token_ids) and n == 1 and start == req.num_tokens - 1
-        out.seqs.append(ScheduledSeq(req.request_id, req.token_slice(start, n), start,
-                                     self.kv.block_ids(req.request_id),
-                                     start + n == req.num_tokens, req.params, is_decode))
-        out.requests.append(req)
-        if is_decode:
-            out.num_decode_tokens += 1
-        else:
-            out.num_prefill_tokens += n
+        out.append(ScheduledSeq(req.request_id, req.token_slice(start, n), start,
+                                self.kv.block_ids(req.request_id), start + n == req.num_tokens,
+                                req.params, is_decode), req)
 
     def preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Take `req` out of running, free its blocks and put it at the head of the waiting queue;
