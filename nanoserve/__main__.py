@@ -1,4 +1,4 @@
-"""Command line: `python -m nanoserve demo | bench | roofline | grade`."""
+"""Command line: `python -m nanoserve demo | serve | loadgen | bench | roofline | grade`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,18 @@ import sys
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "grade":  # grade and bench have their own parsers
+    if argv and argv[0] == "grade":  # grade, bench, serve and loadgen have their own parsers
         from nanoserve.course.grade import main as grade_main
         return grade_main(argv[1:])
     if argv and argv[0] == "bench":
         from nanoserve.measure.bench import main as bench_main
         return bench_main(argv[1:])
+    if argv and argv[0] == "serve":
+        from nanoserve.serve.server import main as serve_main
+        return serve_main(argv[1:])
+    if argv and argv[0] == "loadgen":
+        from nanoserve.measure.loadgen import main as loadgen_main
+        return loadgen_main(argv[1:])
     ap = argparse.ArgumentParser(prog="nanoserve", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="stream text from the default model and print latencies")
@@ -21,6 +27,8 @@ def main(argv=None) -> int:
     d.add_argument("--max-tokens", type=int, default=48)
     d.add_argument("--device", default=None)
     sub.add_parser("bench", help="replay a workload and print TTFT/ITL/TPOT/E2E, goodput, MBU/MFU")
+    sub.add_parser("serve", help="serve a model over HTTP with the OpenAI API (vLLM's flags)")
+    sub.add_parser("loadgen", help="measure any OpenAI-compatible server (vllm bench serve's flags)")
     sub.add_parser("grade", help="score exercises/ against the graded tests: grade [exNN ...]")
     r = sub.add_parser("roofline", help="measure (or show cached) device ceilings")
     r.add_argument("--device", default="cpu")

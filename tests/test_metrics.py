@@ -60,17 +60,19 @@ def test_one_token_output_has_ttft_but_no_tpot_or_itl():
     assert m.tpot.mean == pytest.approx(0.15)
 
 
-def test_aborted_and_unfinished_are_counted_not_timed():
+def test_aborted_failed_and_unfinished_are_counted_not_timed():
     good = req(0.0, 0.0, [0.1, 0.2])
     aborted = req(0.0, 0.0, [5.0, 9.0], reason="abort")
+    failed = req(0.0, 0.0, [7.0, 8.0], reason="error")  # the engine finished it with an error
     running = req(0.0, 0.0, [3.0], done=False)
     waiting = RequestOutput("w", [1, 2], [], False, None, RequestMetrics(0.0))
-    m = compute_metrics([good, aborted, running, waiting])
-    assert (m.num_requests, m.completed, m.aborted, m.unfinished) == (4, 1, 1, 2)
+    m = compute_metrics([good, aborted, failed, running, waiting], slo="ttft<=10s")
+    assert (m.num_requests, m.completed, m.aborted, m.failed, m.unfinished) == (5, 1, 1, 1, 2)
     assert m.ttft.count == 1 and m.ttft.max == pytest.approx(0.1)
-    assert m.e2e.max == pytest.approx(0.2)
+    assert m.e2e.max == pytest.approx(0.2) and m.good_requests == 1
     assert m.total_output_tokens == 2 and m.total_input_tokens == 4
-    assert not completed(aborted) and not completed(running) and not completed(waiting)
+    assert not any(map(completed, (aborted, failed, running, waiting)))
+    assert "1/1/1/2" in m.table()
 
 
 def test_itl_is_pooled_over_requests():
@@ -142,6 +144,33 @@ def test_parse_slo():
 ])
 def test_bad_slo_raises_naming_it(bad, named):
     with pytest.raises(ValueError, match=named.replace("<", ".").replace("*", ".")):
+        parse_slo(bad)
+
+
+def test_parse_slo_takes_vllm_goodput_syntax():
+    """`vllm bench serve --goodput ttft:500 tpot:50 e2el:2000`: milliseconds, e2el is our e2e."""
+    want = {"ttft": 0.5, "tpot": 0.05, "e2e": 2.0}
+    assert parse_slo("ttft:500 tpot:50 e2el:2000") == pytest.approx(want)
+    assert parse_slo(["ttft:500", "tpot:50", "e2el:2000"]) == pytest.approx(want)  # argparse nargs="+"
+    assert parse_slo("  ttft:0.5  ") == pytest.approx({"ttft": 5e-4})
+    assert parse_slo("e2el:1e3") == pytest.approx({"e2e": 1.0})
+    o = req(0.0, 0.0, [0.3, 0.4])  # ttft 0.3 s, e2e 0.4 s
+    assert meets_slo(o, "ttft:300 e2el:400") and not meets_slo(o, "ttft:299")
+    assert meets_slo(o, "ttft:300 e2el:400") == meets_slo(o, "ttft<=300ms,e2e<=400ms")
+
+
+@pytest.mark.parametrize("bad, named", [
+    ("ttft:500 itl:10", "itl"),  # vLLM's goodput has ttft, tpot, e2el only
+    ("e2e:100", "e2e"),  # vLLM spells it e2el
+    ("ttft:fast", "ttft:fast"),
+    ("ttft:", "ttft:"),
+    ("ttft:-5", "-5"),
+    ("ttft:nan", "ttft:nan"),
+    ("ttft:500 ttft:600", "twice"),
+    ("ttft:5:00", "ttft:5:00"),
+])
+def test_bad_goodput_raises_naming_it(bad, named):
+    with pytest.raises(ValueError, match=named):
         parse_slo(bad)
 
 

@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from nanoserve.measure.fit import nonneg_lstsq
-from nanoserve.measure.metrics import ServingMetrics, completed, compute_metrics, parse_slo
+from nanoserve.measure.metrics import ServingMetrics, completed, compute_metrics
+from nanoserve.measure.slo import parse_slo
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ Per request (seconds, from `RequestOutput.metrics`):
   E2E   = finished_time - arrival_time
 Throughput divides completed requests (and their input/output tokens) by the run's duration:
 first arrival to last finish unless a duration is passed in. Goodput counts only completed
-requests that meet every SLO. Aborted and unfinished requests are counted but excluded from
-latencies and throughput, as vLLM excludes failed requests.
+requests that meet every SLO. Aborted, failed (finish_reason "error") and unfinished requests
+are counted but excluded from latencies and throughput, as vLLM excludes failed requests.
+SLOs are read by slo.parse_slo (our 'ttft<=500ms' syntax or vLLM's '--goodput ttft:500').
 
 Works on `RequestOutput` or any object with the same attributes (the simulator's outputs).
 Deliberately left out: cost (see cost.py) and plotting (see figures.py).
@@ -18,17 +19,18 @@ Deliberately left out: cost (see cost.py) and plotting (see figures.py).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from nanoserve.measure.slo import parse_slo
+
 
 def completed(o) -> bool:
-    """Finished normally (not aborted) with the timestamps every latency metric needs."""
+    """Finished normally (not aborted, not failed) with the timestamps every latency metric needs."""
     m = o.metrics
-    return bool(o.finished and o.finish_reason != "abort" and len(o.token_ids) > 0
+    return bool(o.finished and o.finish_reason not in ("abort", "error") and len(o.token_ids) > 0
                 and m.first_token_time is not None and m.finished_time is not None)
 
 
@@ -111,41 +113,6 @@ class Summary:
                    p[99], float(a.max()))
 
 
-_SLO_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
-_SLO_CLAUSE = re.compile(r"^([a-z0-9_]+)<=([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)(us|ms|s)$")
-SLO_KEYS = ("ttft", "tpot", "e2e", "itl_max", "itl_p99", "queue")
-
-
-def parse_slo(slo: str | dict) -> dict[str, float]:
-    """'ttft<=500ms,itl_p99<=100ms,e2e<=2s' -> {'ttft': 0.5, 'itl_p99': 0.1, 'e2e': 2.0}.
-
-    Limits are per request, in seconds once parsed; a unit (us, ms, s) is required so that
-    '500' can't be misread. A dict is validated and returned with float values.
-    """
-    if isinstance(slo, dict):
-        out = {}
-        for k, v in slo.items():
-            if k not in SLO_KEYS:
-                raise ValueError(f"unknown SLO metric {k!r}; choose from {SLO_KEYS}")
-            if not isinstance(v, (int, float)) or not v >= 0:
-                raise ValueError(f"SLO {k}={v!r} must be a number of seconds >= 0")
-            out[k] = float(v)
-        return out
-    out = {}
-    for clause in str(slo).split(","):
-        m = _SLO_CLAUSE.match(clause.replace(" ", "").lower())
-        if m is None:
-            raise ValueError(f"bad SLO clause {clause.strip()!r} in {slo!r}: expected "
-                             f"METRIC<=NUMBER(us|ms|s), e.g. 'ttft<=500ms,e2e<=2s'")
-        name, value, unit = m.groups()
-        if name not in SLO_KEYS:
-            raise ValueError(f"unknown SLO metric {name!r} in {slo!r}; choose from {SLO_KEYS}")
-        if name in out:
-            raise ValueError(f"SLO metric {name!r} given twice in {slo!r}")
-        out[name] = float(value) * _SLO_UNITS[unit]
-    return out
-
-
 def meets_slo(o, slo: str | dict) -> bool:
     """Completed and within every limit. A metric a request doesn't have (TPOT or ITL of a
     1-token output) counts as met, as vLLM's goodput counts it as 0."""
@@ -202,13 +169,14 @@ class ServingMetrics:
     good_requests: int | None = None
     goodput: float | None = None  # requests / s meeting every SLO
     slo_attainment: float | None = None  # good_requests / num_requests
+    failed: int = 0  # finished with an error (finish_reason "error")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def table(self) -> str:
-        rows = [("Requests (completed/aborted/unfinished)",
-                 f"{self.completed}/{self.aborted}/{self.unfinished}"),
+        rows = [("Requests (completed/aborted/failed/unfinished)",
+                 f"{self.completed}/{self.aborted}/{self.failed}/{self.unfinished}"),
                 ("Duration (s)", f"{self.duration:.2f}"),
                 ("Total input tokens", f"{self.total_input_tokens}"),
                 ("Total output tokens", f"{self.total_output_tokens}"),
@@ -235,6 +203,7 @@ def compute_metrics(outputs: Sequence, duration: float | None = None,
     outputs = list(outputs)
     done = [o for o in outputs if completed(o)]
     aborted = sum(o.finish_reason == "abort" for o in outputs)
+    failed = sum(o.finish_reason == "error" for o in outputs)
     duration = run_duration(outputs) if duration is None else float(duration)
     n_in = sum(len(o.prompt_token_ids) for o in done)
     n_out = sum(len(o.token_ids) for o in done)
@@ -243,8 +212,8 @@ def compute_metrics(outputs: Sequence, duration: float | None = None,
         return Summary.of([v for v in map(fn, done) if v is not None])
 
     m = ServingMetrics(
-        num_requests=len(outputs), completed=len(done), aborted=aborted,
-        unfinished=len(outputs) - len(done) - aborted, duration=duration,
+        num_requests=len(outputs), completed=len(done), aborted=aborted, failed=failed,
+        unfinished=len(outputs) - len(done) - aborted - failed, duration=duration,
         total_input_tokens=n_in, total_output_tokens=n_out,
         request_throughput=_rate(len(done), duration), output_throughput=_rate(n_out, duration),
         total_token_throughput=_rate(n_in + n_out, duration),

@@ -37,7 +37,8 @@ from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine import LLMEngine
 from nanoserve.engine.kv_cache import kv_bytes_per_token
 from nanoserve.measure.ceilings import dtype_name
-from nanoserve.measure.metrics import ServingMetrics, compute_metrics, parse_slo
+from nanoserve.measure.metrics import ServingMetrics, compute_metrics
+from nanoserve.measure.slo import parse_slo
 from nanoserve.measure.workload import Workload
 from nanoserve.outputs import RequestMetrics, RequestOutput
 from nanoserve.sim.devices import DeviceProfile, Link

@@ -1,0 +1,146 @@
+"""`python -m nanoserve serve [MODEL]`: the OpenAI-compatible server, with `vllm serve`'s flags.
+
+Flags keep vLLM's names (vllm/engine/arg_utils.py, entrypoints/openai/cli_args.py): --host (here
+127.0.0.1 by default: nothing leaves this machine unless asked), --port, --dtype, --seed,
+--max-model-len, --max-num-seqs, --max-num-batched-tokens, --block-size,
+--kv-cache-memory-bytes, --[no-]enable-prefix-caching, --[no-]enable-chunked-prefill,
+--served-model-name, --api-key, --chat-template, --max-num-queued-reqs (503 beyond it),
+--uvicorn-log-level. nanoserve's own: --device, --num-kv-blocks.
+
+The model is loaded and warmed up (one short request, so the first client does not pay for
+first-touch allocation), the engine thread starts, uvicorn serves. SIGTERM or Ctrl-C: uvicorn
+stops accepting connections, every in-flight request ends with an error chunk (the engine thread
+aborts them and frees their blocks), open connections get up to --shutdown-timeout seconds to
+close, the engine thread is joined and the port is released.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+from contextlib import asynccontextmanager
+
+from nanoserve.config import EngineConfig
+from nanoserve.engine import LLMEngine
+from nanoserve.model import DEMO_MODEL_DIR
+from nanoserve.sampling_params import SamplingParams
+from nanoserve.serve.app import build_app
+from nanoserve.serve.async_engine import AsyncEngine
+from nanoserve.serve.chat_template import load_chat_template
+from nanoserve.serve.metrics import ServerMetrics
+from nanoserve.serve.serving import OpenAIServing
+
+log = logging.getLogger("nanoserve.serve")
+
+
+def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    ap.add_argument("model", nargs="?", default=None,
+                    help="checkpoint folder, hub id or preset:NAME (default: the demo model)")
+    ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--served-model-name", default=None,
+                    help="the name clients send as `model` (default: MODEL as given)")
+    ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks (default: sized "
+                    "from --kv-cache-memory-bytes, else from memory as EngineConfig says)")
+    ap.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--max-num-queued-reqs", type=int, default=None, help="requests in flight "
+                    "(waiting + running) beyond which new ones get 503 + Retry-After")
+    ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    ap.add_argument("--chat-template", default=None, help="a Jinja template or a file holding one")
+    ap.add_argument("--shutdown-timeout", type=float, default=10.0,
+                    help="seconds open connections get to close after SIGTERM")
+    ap.add_argument("--uvicorn-log-level", default="info",
+                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    return ap
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build(args):
+    """-> (FastAPI app, AsyncEngine) for parsed args; the engine thread is not started yet."""
+    config = EngineConfig(
+        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory=args.kv_cache_memory_bytes, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
+        record_trace=False)  # a server runs for days: no per-step trace
+    engine = LLMEngine(args.model, args.device, None if args.dtype == "auto" else args.dtype,
+                       args.seed, config)
+    _warm_up(engine)
+    folder = args.model if args.model and os.path.isdir(args.model) else None
+    if args.model is None and os.path.isfile(os.path.join(DEMO_MODEL_DIR, "config.json")):
+        folder = DEMO_MODEL_DIR  # what LLMEngine loads by default
+    is_demo = folder is not None and os.path.realpath(folder) == os.path.realpath(DEMO_MODEL_DIR)
+    name = args.served_model_name or args.model or "demo-model"
+    metrics = ServerMetrics(name)
+    async_engine = AsyncEngine(engine, args.max_num_queued_reqs, metrics)
+    serving = OpenAIServing(async_engine, name, folder or name,
+                            load_chat_template(folder, args.chat_template, demo=is_demo))
+    return build_app(serving, metrics, args.api_key, _lifespan(async_engine)), async_engine
+
+
+def _warm_up(engine: LLMEngine) -> None:
+    vocab = engine.model_config.vocab_size
+    engine.add_request([min(10, vocab - 1)] * 4, SamplingParams(max_tokens=2, temperature=0.0,
+                                                                 ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+
+
+def _lifespan(async_engine: AsyncEngine):
+    @asynccontextmanager
+    async def lifespan(_app):
+        async_engine.start()
+        yield
+        async_engine.stop()
+    return lifespan
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m nanoserve serve ...`"""
+    import uvicorn
+
+    args = add_cli_args(argparse.ArgumentParser(prog="nanoserve serve", description=__doc__)).parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not is_loopback(args.host) and not args.api_key:
+        log.warning("serving on %s without --api-key: anyone who can reach this address can use "
+                    "the model. Pass --api-key KEY (clients send 'Authorization: Bearer KEY').",
+                    args.host)
+    app, async_engine = build(args)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # SIGTERM / Ctrl-C: end in-flight streams now
+            async_engine.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                                   timeout_graceful_shutdown=args.shutdown_timeout))
+    try:
+        server.run()
+    finally:
+        async_engine.stop()
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
