@@ -6,12 +6,17 @@ byte) says which of the two binds: below the device's *ridge point* (peak / band
 memory-bound, above it compute-bound. These functions count a linear layer and attention the
 way `nanoserve.measure.roofline.step_cost` counts a whole model step, then turn counts into a floor.
 
-Plain numbers in, plain numbers out, SI units: bytes, FLOPs, seconds, bytes/s, FLOP/s.
+Plain numbers in, plain numbers out (decode_step_floor also takes the model's shape, a
+ModelConfig), SI units: bytes, FLOPs, seconds, bytes/s, FLOP/s.
 A "token" is one row of activations; `dtype_bytes` is 4 for fp32, 2 for bf16/fp16.
 
-Orientation (llama-120m in fp32 on a laptop CPU at 24.5 GB/s): 124.7M parameters are 499 MB,
-so one decode step takes at least 499e6 / 24.5e9 = 20.4 ms whatever the batch size, until the
-batch is large enough to make the matmuls compute-bound.
+Orientation (llama-120m in fp32 on a laptop CPU at 24.5 GB/s): of its 124.7M parameters a decode
+step reads 100.1M, the 12 layers' projections and lm_head. The other 24.6M are the input embedding,
+and a step gathers one row of it per token instead of reading the matrix. 100.1M x 4 bytes = 400 MB,
+so a step takes at least 400e6 / 24.5e9 = 16.3 ms. The weights are read once per step however
+many sequences share it, but each sequence reads its own KV cache (24,576 bytes per token of
+context here): at batch 16 and 2048 tokens of context that is 805 MB more, twice the weights, and
+the floor is 49.7 ms. Batching amortises the weights, never the KV cache.
 """
 
 
@@ -104,15 +109,28 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_
     raise NotImplementedError("ex01: write kv_bytes_per_token")
 
 
-def decode_step_floor(num_params: int, batch_size: int, context_len: int, kv_bytes_per_token: int,
-                      dtype_bytes: int, bandwidth: float, peak_flops: float) -> float:
-    """Roofline floor, in seconds, of one decode step of batch_size sequences at context_len.
+def decode_step_floor(cfg, batch_size: int, context_len: int, dtype_bytes: int, bandwidth: float,
+                      peak_flops: float) -> float:
+    """Roofline floor, in seconds, of one decode step: batch_size sequences each computing one
+    token that attends to context_len tokens (itself included), counted as
+    `nanoserve.measure.roofline.decode_step_floor` counts it.
 
-    Bytes: every weight once (num_params * dtype_bytes) plus each sequence's KV cache
-    (batch_size * context_len * kv_bytes_per_token). FLOPs: 2 per weight per sequence
-    (2 * num_params * batch_size; attention FLOPs left out). The floor is the larger of
-    bytes / bandwidth and FLOPs / peak_flops.
+    cfg is the model's shape, a `nanoserve.config.ModelConfig` (hidden_size, intermediate_size,
+    num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, vocab_size; no bias).
+    Add up the pieces above:
+    - each layer's four projections, batch_size tokens through each: q/k/v fused (hidden_size ->
+      q_dim + 2 * kv_dim), o (q_dim -> hidden_size), gate/up fused (hidden_size ->
+      2 * intermediate_size), down (intermediate_size -> hidden_size), with
+      q_dim = num_attention_heads * head_dim and kv_dim = num_key_value_heads * head_dim;
+    - each layer's attention, once per sequence: one query over context_len keys;
+    - lm_head, a linear layer hidden_size -> vocab_size over batch_size tokens.
+    The input embedding is left out: a step gathers batch_size rows of it, it doesn't read the
+    matrix. So the weights count once per step, whatever batch_size, while every sequence
+    reads its own K and V: those bytes grow with batch_size * context_len.
+    The floor is the larger of bytes / bandwidth and FLOPs / peak_flops.
 
-    Example: decode_step_floor(124_700_000, 1, 0, 24_576, 4, 24.5e9, 195e9) is about 0.0204 s.
+    Example: llama-120m (vocab 32000, hidden 768, intermediate 2048, 12 layers, 12 heads, 4 kv
+    heads), fp32, at 24.5e9 B/s and 195e9 FLOP/s: batch 1 at context 512 about 0.0169 s; batch 16
+    at context 2048 about 0.0497 s (memory-bound both: the KV cache is most of the second).
     """
     raise NotImplementedError("ex01: write decode_step_floor")

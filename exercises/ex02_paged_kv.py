@@ -12,9 +12,13 @@ Worked example, block_size 4, block table [7, 2]: positions 0..3 go to slots 28.
 positions 4..5 to slots 8..9 (block 2). Blocks need not be contiguous or in order; that is the
 point: memory is handed out a block at a time, as a sequence grows, without fragmentation.
 
-The engine computes a slot mapping for every token of a step (engine/model_runner.py), writes the new K/V
-through it (`reshape_and_cache`) and attention reads the context back by block table.
-Compare with `nanoserve.kernels.reference`; don't call it.
+Every step the engine computes the slot of each new token, writes the tokens' K/V through
+those slots (vLLM calls this op reshape_and_cache) and attention reads each request's context
+back through its block table: these four functions are those pieces. Lesson 02 draws a block
+table; `python -m nanoserve grade ex02` tries each function on random block tables and says
+which slots or rows came out wrong. Work from this docstring and the lesson: nanoserve's own
+kernels (nanoserve.kernels.reference, triton_*) are the answer key, and a module that imports
+them scores 0.
 """
 
 import torch

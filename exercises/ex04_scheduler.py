@@ -1,39 +1,50 @@
 """Exercise 4: a continuous-batching scheduler under a token budget (no chunked prefill).
 
 Every engine step asks the scheduler one question: which tokens of which requests run now?
-The answer must respect two limits of EngineConfig:
+*Continuous* batching re-forms the batch every step: as soon as a request finishes, its seat
+and blocks go to the next waiting request, instead of waiting for the whole batch to finish
+(static batching). Without chunked prefill a prompt runs whole in the step that admits it, so a
+running request always needs exactly 1 token: its next decode.
 
-- `max_num_batched_tokens`: the step's token budget. A decode costs 1 token; admitting a
-  prompt costs every prompt token not served by the prefix cache.
-- `max_num_seqs`: the most requests in `running` at once (seats).
+The answer is a SchedulerOutput, and you never fill it by hand: start with `out =
+SchedulerOutput()` and let the Scheduler's helpers record each move in it:
+`self.add(req, n, out)` schedules running `req`'s next n tokens (appends to out.seqs),
+`self.admit(req, num_cached, n, out, now)` moves the head of the waiting queue to running and
+adds it, `self.preempt(victim, out)` takes a running request out (appends to out.preempted).
+Return `out`; an empty one means nothing runs this step.
 
-and one resource: free KV blocks (`self.kv.allocate_slots` says False when there are none).
+The rules (`python -m nanoserve grade ex04` tests each one and names the rule a failure broke):
 
-*Continuous* batching means the batch is re-formed every step: as soon as a request finishes,
-its seat and blocks go to the next waiting request, instead of waiting for the whole batch to
-finish (static batching). Without chunked prefill a prompt is admitted whole or not at all.
-
-Your `schedule(now)` builds one SchedulerOutput, in this order:
-
-1. Running requests first, in `self.running` order (oldest admission first). Each needs
-   `req.num_tokens - req.num_computed_tokens` tokens (1 for a decode). Skip one that doesn't fit
-   the remaining budget. Reserve its KV slots with `self.kv.allocate_slots(req, n)`; while that
-   fails, preempt the *last* request of `self.running` (the most recently admitted) with
-   `self.preempt(victim, out)`, and stop serving running requests once `req` itself was the
-   victim. Then `self.add(req, n, out)`.
-2. If nobody was preempted, admit waiting requests in arrival order: take
-   `req = self.next_waiting(now)` (None: nobody has arrived) while a seat is free and budget is
-   left. `blocks, num_cached = self.kv.get_computed_blocks(req)` finds its longest cached
-   prefix; it needs n = req.num_tokens - num_cached tokens. Stop at the first request that
-   doesn't fit the budget or whose `self.kv.allocate_slots(req, n, blocks)` fails (first come,
-   first served: nobody overtakes it). Otherwise `self.admit(req, num_cached, n, out, now)`.
+1. Token budget: at most `self.config.max_num_batched_tokens` tokens per step. A decode costs 1;
+   an admitted prompt costs its tokens that the prefix cache does not serve.
+2. Seats: at most `self.config.max_num_seqs` requests in `self.running`.
+3. Running requests first, every step, in `self.running` order (oldest admission first), each
+   with its n = req.num_tokens - req.num_computed_tokens tokens, while the budget lasts.
+4. Blocks: before adding a running request, reserve its slots: `self.kv.allocate_slots(req, n)`.
+   While that returns False, preempt the most recently admitted running request
+   (`self.running[-1]`); if that victim is `req` itself, stop serving running requests.
+   Careful: iterate over a copy, `list(self.running)`, since preempt removes from
+   `self.running`; a request preempted earlier in this step is then still in your copy and
+   comes up later: it is no longer `in self.running`, so skip it (or stop there).
+5. Admit waiting requests only if nobody was preempted this step (`out.preempted` is empty):
+   memory just ran out, and the victim went back to the head of the waiting queue (vLLM's v1
+   scheduler has the same rule).
+6. Admission is first come, first served: `req = self.next_waiting(now)` is the head of the
+   waiting queue (None: nobody has arrived yet). Admit while a seat is free and budget is left;
+   stop at the first request that doesn't fit the budget or whose slots can't be reserved
+   (nobody overtakes it: `admit` only takes the head).
+7. Prefix cache: `blocks, num_cached = self.kv.get_computed_blocks(req)` is the request's longest
+   cached prefix; it needs n = req.num_tokens - num_cached tokens, reserved with
+   `self.kv.allocate_slots(req, n, blocks)`, then `self.admit(req, num_cached, n, out, now)`.
+8. A prompt is admitted whole, never cut (exercise 5 chunks), and a seat that frees is taken in
+   the very next step (continuous, not static, batching).
 
 Worked example (budget 8, max_num_seqs 3): running A and B decode (2 tokens); waiting C has a
-5-token prompt (fits: 7 tokens), D a 3-token prompt (doesn't fit the 1 left): the step is
-[A:1, B:1, C:5]. Next step, if A finished, D is admitted beside B's and C's decodes.
+5-token prompt (fits: 7 tokens), D a 3-token prompt (doesn't fit the 1 left): out.seqs is
+[A:1, B:1, C:5], out.preempted []. Next step, if A finished, D is admitted beside B and C.
 
 `BaseScheduler` is given: it is nanoserve's Scheduler (queues, abort, update_from_output, the
-KV manager in `self.kv`, and the four public helpers above) without a `schedule`. Plug yours in with
+KV manager in `self.kv`, and the four helpers above) without a `schedule`. Plug yours in with
 `LLM("preset:tiny", scheduler=ContinuousScheduler)`; greedy outputs must not change.
 Out of scope: a prompt longer than the whole budget (it would never be admitted; exercise 5
 chunks it), priorities, static batching.
@@ -61,10 +72,10 @@ class BaseScheduler(Scheduler):
 
 class ContinuousScheduler(BaseScheduler):
     def schedule(self, now: float) -> SchedulerOutput:
-        """One step: serve running requests, then admit waiting ones (see the module docstring).
-
-        Returns the SchedulerOutput the helpers filled (an empty one if nothing can run).
-        Hint: iterate over a copy of self.running (preempt removes from it), keep `budget`
-        as a local, and count seats as len(self.running).
+        """One step: serve running requests, then admit waiting ones (rules 1-8 of the module
+        docstring). Returns the SchedulerOutput the helpers filled (empty if nothing can run).
+        Hint: keep `budget` as a local, count seats as len(self.running).
         """
+        out = SchedulerOutput()  # noqa: F841 (the helpers record every move in it)
+        budget = self.config.max_num_batched_tokens  # noqa: F841 (tokens left this step)
         raise NotImplementedError("ex04: write ContinuousScheduler.schedule")

@@ -7,12 +7,15 @@ token budget, and it keeps a seat in `running` until its last chunk produces the
 A running request then needs `req.num_tokens - req.num_computed_tokens` more tokens: 1 for a
 decode, possibly many for a prompt mid-prefill.
 
-Write `schedule(now)` as in exercise 4, changed in two places:
+Write `schedule(now)` as in exercise 4: its rules 1, 2, 4, 5, 6 and 7 hold as they are (a
+request preempted earlier in the step is still in your copy of running; nobody is admitted in
+a step that preempted). Rules 3 and 8 change:
 
-1. Running requests (in order): n = min(tokens still needed, budget left), no skipping; stop
-   when the budget is spent. Allocation failure preempts exactly as before.
-2. Waiting requests (in arrival order, seats and budget permitting, none if someone was
-   preempted): after the cached prefix, n = min(req.num_tokens - num_cached, budget left).
+- Rule 3, running requests (in order): n = min(tokens still needed, budget left), no skipping;
+  stop when the budget is spent. Allocation failure preempts exactly as before.
+- Rule 8, waiting requests (in arrival order, seats and budget permitting): after the cached
+  prefix, n = min(req.num_tokens - num_cached, budget left): a prompt is cut where the budget
+  runs out, and its next chunk runs next step, as a running request.
 
 Worked example (budget 16): A decodes (1), B is a 40-token prompt arriving now: step 1 is
 [A:1, B:15]; step 2 [A:1, B:15]; step 3 [A:1, B:10, ...] and B's first token comes out of
@@ -35,8 +38,8 @@ class ChunkedScheduler(BaseScheduler):
         Hint: `self.add(req, n, out)` with n smaller than what the request needs schedules a
         chunk; the runner only samples when the chunk reaches the end of the known tokens.
         """
-        out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
+        out = SchedulerOutput()  # the helpers record every move in it
+        budget = self.config.max_num_batched_tokens  # tokens left this step
         for req in list(self.running):
             if budget == 0 or req not in self.running:
                 break

@@ -5,6 +5,9 @@ package; NANOSERVE_IMPL does the same where the option isn't registered (`pytest
 Test modules get the implementation through the `load` fixture, so a broken student module
 fails its tests one by one instead of breaking collection.
 
+An exercise module that imports nanoserve's own kernels (exercise_checks.ANSWER_KEY) fails
+every test of its exercise: `load` refuses it.
+
 Two more modes, driven by environment variables (used by test_exercise_guards.py):
 - NANOSERVE_IMPL_OVERRIDES="ex02_paged_kv=/path/to/file.py;...": load single modules from files.
 - NANOSERVE_MUTANTS="all" (or a comma list of names): run each mutant in tests/exercises/mutants/
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from exercise_checks import answer_key_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `import exercises` / `import solutions` from the repo root
@@ -90,12 +94,19 @@ def load(impl, mutant):
         overrides[exercise_module(mutant.name[:4])] = str(mutant)
 
     def get(name: str):
+        if name == "ex08_triton" and importlib.util.find_spec("triton") is None:
+            pytest.skip("ex08 writes Triton kernels: triton is not installed here (Linux only)")
         if name in overrides:
-            return _load_file(name, overrides[name])
-        module = importlib.import_module(f"{impl}.{name}")
-        stale = "triton" in vars(module) and not _uses_interpreter(module)
-        if "TRITON_INTERPRET" in os.environ and stale:
-            module = importlib.reload(module)  # imported earlier without the interpreter
+            module = _load_file(name, overrides[name])
+        else:
+            module = importlib.import_module(f"{impl}.{name}")
+            stale = "triton" in vars(module) and not _uses_interpreter(module)
+            if "TRITON_INTERPRET" in os.environ and stale:
+                module = importlib.reload(module)  # imported earlier without the interpreter
+        hits = answer_key_imports(Path(module.__file__).read_text())
+        if hits:  # every test of the exercise fails with this: it scores 0
+            pytest.fail(f"0 points: {name} imports the answer key, nanoserve's own kernels ({hits[0]})",
+                        pytrace=False)
         return module
     return get
 

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from nanoserve.config import ModelConfig
 from nanoserve.measure.roofline import DeviceCeilings, step_cost
 from nanoserve.measure.roofline import critical_batch_size as engine_critical_batch_size
+from nanoserve.measure.roofline import decode_step_floor as engine_decode_step_floor
+from nanoserve.model.presets import preset_config
 
 
 @pytest.fixture(scope="module")
@@ -105,19 +107,28 @@ def test_kv_bytes_per_token(ex):
     assert ex.kv_bytes_per_token(32, 8, 128, 2) == 131_072, "llama-3-8b in bf16 holds 128 KiB per token"
 
 
-@graded(40)
-@given(params=st.integers(10**6, 10**10), batch=st.integers(1, 1024), ctx=st.integers(0, 8192),
-       kvb=st.integers(1, 10**6), dtype_bytes=st.sampled_from([2, 4]),
-       bandwidth=st.floats(1e9, 1e13), peak=st.floats(1e11, 1e16))
-def test_decode_step_floor(ex, params, batch, ctx, kvb, dtype_bytes, bandwidth, peak):
-    memory = (params * dtype_bytes + batch * ctx * kvb) / bandwidth
-    compute = 2 * params * batch / peak
-    got = ex.decode_step_floor(params, batch, ctx, kvb, dtype_bytes, bandwidth, peak)
-    assert got == pytest.approx(max(memory, compute)), (
-        f"decode floor: got {got:.4g} s; moving the weights and KV takes {memory:.4g} s, the FLOPs "
-        f"{compute:.4g} s: the floor is the larger")
+@graded(60)
+@given(cfg=model_configs(), batch=st.integers(1, 512), ctx=st.integers(1, 8192),
+       dtype_bytes=st.sampled_from([2, 4]), bandwidth=st.floats(1e9, 1e13), peak=st.floats(1e11, 1e16))
+def test_decode_step_floor_matches_the_engine(ex, cfg, batch, ctx, dtype_bytes, bandwidth, peak):
+    name = {2: "bfloat16", 4: "float32"}[dtype_bytes]
+    ceilings = DeviceCeilings("cpu", "test", 1, "", "", False, bandwidth, bandwidth, {name: peak})
+    want = engine_decode_step_floor(cfg, batch, ctx, ceilings, name)
+    got = ex.decode_step_floor(cfg, batch, ctx, dtype_bytes, bandwidth, peak)
+    cost = step_cost(cfg, [(1, ctx)] * batch, dtype_bytes)
+    assert got == pytest.approx(want), (
+        f"decode floor of batch {batch} at context {ctx} ({dtype_bytes}-byte dtype): got {got:.4g} s, "
+        f"expected {want:.4g} s: {cost.total_bytes:.4g} bytes (weights once, K and V of every "
+        f"sequence, no embedding matrix) over {bandwidth:.3g} B/s, or {cost.total_flops:.4g} FLOPs over "
+        f"{peak:.3g} FLOP/s, whichever is longer")
 
 
 def test_decode_floor_worked_example(ex):
-    got = ex.decode_step_floor(124_700_000, 1, 0, 24_576, 4, 24.5e9, 195e9)
-    assert got == pytest.approx(0.02036, rel=1e-3), f"llama-120m fp32 batch 1 at 24.5 GB/s: got {got:.4f} s"
+    cfg = preset_config("llama-120m")
+    one = ex.decode_step_floor(cfg, 1, 512, 4, 24.5e9, 195e9)
+    assert one == pytest.approx(0.01688, rel=1e-3), (
+        f"llama-120m fp32, batch 1 at context 512, 24.5 GB/s: got {one:.4f} s; the input embedding is "
+        f"a gather, not a read of the whole matrix")
+    many = ex.decode_step_floor(cfg, 16, 2048, 4, 24.5e9, 195e9)
+    assert many == pytest.approx(0.04971, rel=1e-3), (
+        f"batch 16 at context 2048: got {many:.4f} s; every sequence reads its own KV cache")

@@ -11,6 +11,11 @@ from exercise_checks import (
     preempted_at,
     workload,
 )
+from scheduler_scenarios import (
+    assert_no_admission_after_preemption,
+    assert_preempts_the_newest,
+    out_of_blocks,
+)
 
 CHUNKED = dict(enable_chunked_prefill=True, max_num_batched_tokens=16)
 
@@ -78,6 +83,16 @@ def test_preemption_with_chunks(scheduler):
     assert_same_outputs(outs, reqs)
     assert_limits(engine)
     assert_no_leaks(engine)
+
+
+def test_preempts_the_newest_request(scheduler):
+    """Exercise 4's rule 4, chunking on: A gets the free block, B gets C's (C is the newest)."""
+    assert_preempts_the_newest(out_of_blocks(scheduler, enable_chunked_prefill=True))
+
+
+def test_no_admission_in_a_step_that_preempted(scheduler):
+    """Exercise 4's rule 5, chunking on: after preempting C the step admits nobody."""
+    assert_no_admission_after_preemption(out_of_blocks(scheduler, enable_chunked_prefill=True))
 
 
 def test_reuses_cached_prefix(scheduler):

@@ -3,20 +3,26 @@
 - exercises/ and solutions/ expose the same public names and signatures (and, while a skeleton
   is untouched, the same docstrings);
 - the untouched skeletons fail every graded test (so no test passes vacuously);
-- every mutant in mutants/ (a wrong-but-plausible answer) fails some graded test.
+- every mutant in mutants/ (a wrong-but-plausible answer) fails some graded test;
+- no exercise imports nanoserve's own kernels (the answer key), and one that does scores 0;
+- a GQA slip in exercise 3 fails only its GQA tasks, with messages that say GQA;
+- every rule that exercise 4's docstring states has a graded test and a mutant.
 The solutions passing every graded test is the default run of tests/exercises itself.
-The last two run pytest in a subprocess each (nanoserve.course.grade.run_graded).
+The runs of graded tests go through pytest in a subprocess (nanoserve.course.grade.run_graded).
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
+from exercise_checks import answer_key_imports
 
 from nanoserve.course.grade import graded_files, run_graded
 
 ROOT = Path(__file__).resolve().parents[2]
-MUTANTS = sorted((Path(__file__).parent / "mutants").glob("ex[0-9][0-9]_*.py"))
+MUTANTS_DIR = Path(__file__).parent / "mutants"
+MUTANTS = sorted(MUTANTS_DIR.glob("ex[0-9][0-9]_*.py"))
 GIVEN_CLASSES = {"BaseScheduler"}  # provided code in the skeletons, not exercise bodies
 
 
@@ -43,10 +49,14 @@ def public_api(tree: ast.Module) -> dict[str, tuple]:
     return api
 
 
+def body(fn: ast.FunctionDef) -> list[ast.stmt]:
+    return fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
+
+
 def is_stub(fn: ast.FunctionDef) -> bool:
-    body = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
-    return (len(body) == 1 and isinstance(body[0], ast.Raise)
-            and "NotImplementedError" in ast.unparse(body[0].exc))
+    """Ends in `raise NotImplementedError(...)`, after at most a few given lines (ex04's first two)."""
+    last = body(fn)[-1]
+    return isinstance(last, ast.Raise) and "NotImplementedError" in ast.unparse(last.exc or last)
 
 
 def functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
@@ -79,6 +89,11 @@ def test_exercises_and_solutions_have_the_same_api():
             assert not docs or a[key][2] == b[key][2], f"{name}: the docstring of {key} differs"
         assert not docs or ast.get_docstring(ex[name]) == ast.get_docstring(sol[name]), \
             f"{name}: module docstrings differ"
+        stubs = {k: f for k, f in functions(ex[name]).items() if docs and is_stub(f)}
+        for key, fn in stubs.items():  # a stub's given lines are how the answer starts
+            given = [ast.dump(st) for st in body(fn)[:-1]]
+            answer = [ast.dump(st) for st in body(functions(sol[name])[key])[:len(given)]]
+            assert given == answer, f"{name}: the given lines of {key} are not how solutions/ starts it"
 
 
 def test_every_exercise_has_graded_tests():
@@ -96,10 +111,11 @@ def test_untouched_skeletons_fail_every_graded_test(skeleton_run):
     pristine = {name[:4] for name in modules("exercises") if untouched(name)}
     if not pristine:
         pytest.skip("every exercise module has been edited: nothing to guard")
-    passed = [c.case for c in skeleton_run.cases if c.exercise in pristine and c.outcome != "failed"]
+    # skipped cases (ex08 where triton is missing) prove nothing either way
+    passed = [c.case for c in skeleton_run.cases if c.exercise in pristine and c.outcome == "passed"]
     assert not passed, f"graded tests that pass on the untouched skeletons (vacuous): {passed}"
-    vague = [c.case for c in skeleton_run.cases
-             if c.exercise in pristine and "NotImplementedError" not in c.message]
+    vague = [c.case for c in skeleton_run.cases if c.exercise in pristine and c.outcome == "failed"
+             and "NotImplementedError" not in c.message]
     assert not vague, f"skeleton failures that don't name the missing piece: {vague}"
 
 
@@ -115,3 +131,71 @@ def test_mutant_is_caught(mutant_run, mutant):
     failed = [c for c in cases if c.outcome == "failed"]
     assert failed, (f"mutant {mutant.stem} ({ast.get_docstring(ast.parse(mutant.read_text()))}) "
                     f"passed all {len(cases)} graded tests of {mutant.name[:4]}")
+
+
+# -- the answer key: nanoserve's own kernels ------------------------------------------------------
+
+@pytest.mark.parametrize("source", [
+    "from nanoserve.kernels import reference",
+    "import nanoserve.kernels.reference as r",
+    "from nanoserve.kernels.reference import gather_kv",
+    "from nanoserve.kernels import triton_ops as t",
+    "import nanoserve.kernels.triton_attention",
+    "from nanoserve import kernels\nf = kernels.reference.gather_kv",
+    "import nanoserve\nf = nanoserve.kernels.reference.paged_attention",
+    "from nanoserve.kernels import get_ops",
+    "def f():\n    from nanoserve.kernels.reference import reshape_and_cache"])
+def test_answer_key_imports_are_found_in_any_form(source):
+    assert answer_key_imports(source), f"not flagged: {source!r}"
+
+
+def test_allowed_imports_are_not_flagged():
+    source = ("import torch\nfrom nanoserve.kernels import AttentionMetadata, use_kernels\n"
+              "from .ex02_paged_kv import gather_kv\n"
+              "import nanoserve.kernels\nm = nanoserve.kernels.AttentionMetadata")
+    assert answer_key_imports(source) == []
+
+
+def test_no_exercise_or_solution_imports_the_answer_key():
+    for path in sorted([*(ROOT / "exercises").glob("ex*.py"), *(ROOT / "solutions").glob("ex*.py")]):
+        hits = answer_key_imports(path.read_text())
+        assert not hits, f"{path.relative_to(ROOT)} imports the answer key: {hits}"
+
+
+@pytest.fixture(scope="module")
+def override_run():
+    """ex02 replaced by the answer key's delegate, ex03 by the GQA slip: what `grade` would say."""
+    overrides = {"ex02_paged_kv": "ex02_delegates_to_reference",
+                 "ex03_attention": "ex03_gqa_repeat_not_interleave"}
+    env = {"NANOSERVE_IMPL_OVERRIDES": ";".join(f"{m}={MUTANTS_DIR / f}.py" for m, f in overrides.items())}
+    return run_graded(["ex02", "ex03"], impl="solutions", env=env, timeout=600)
+
+
+def test_delegating_to_the_reference_scores_zero_and_says_why(override_run):
+    cases = [c for c in override_run.cases if c.exercise == "ex02"]
+    assert cases, override_run.output[-3000:]
+    passed = [c.case for c in cases if c.outcome != "failed"]
+    assert not passed, f"an ex02 that calls nanoserve.kernels.reference still passes {passed}"
+    vague = [c.message for c in cases if "answer key" not in c.message]
+    assert not vague, f"failures that don't say the module imports the answer key: {vague[:2]}"
+
+
+def test_a_gqa_slip_fails_only_the_gqa_tasks_and_says_gqa(override_run):
+    failed = [c for c in override_run.cases if c.exercise == "ex03" and c.outcome == "failed"]
+    assert {c.task for c in failed} == {"one_request_grouped_query_attention", "grouped_query_attention"}, \
+        f"tasks failed by the GQA slip: {sorted({c.task for c in failed})}"
+    assert all(c.message.startswith("off by") and "GQA" in c.message for c in failed), \
+        [c.message for c in failed]
+
+
+# -- exercise 4: every stated rule is graded ------------------------------------------------------
+
+def test_every_ex04_rule_has_a_graded_test_and_a_mutant():
+    doc = ast.get_docstring(modules("exercises")["ex04_scheduler.py"])
+    rules = re.findall(r"^(\d+)\. ", doc[doc.index("The rules"):], flags=re.M)
+    assert rules == [str(i) for i in range(1, len(rules) + 1)] and len(rules) >= 8, rules
+    tests = (Path(__file__).parent / "test_ex04_scheduler.py").read_text()
+    mutants = " ".join(ast.get_docstring(ast.parse(p.read_text())) for p in MUTANTS if p.name[:4] == "ex04")
+    for n in rules:
+        assert re.search(rf"\brules? (\d+ and )?{n}\b", tests, re.I), f"ex04 rule {n}: no test names it"
+        assert re.search(rf"\brule {n}\b", mutants), f"ex04 rule {n}: no mutant (mutants/ex04_*.py) breaks it"

@@ -1,4 +1,4 @@
-"""Doesn't charge decodes to the token budget."""
+"""Breaks rule 1: doesn't charge decodes to the token budget."""
 from solutions.ex04_scheduler import BaseScheduler, SchedulerOutput
 
 

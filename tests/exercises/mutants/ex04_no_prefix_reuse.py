@@ -1,4 +1,4 @@
-"""Ignores the prefix cache: recomputes every prompt from its first token."""
+"""Breaks rule 7: ignores the prefix cache: recomputes every prompt from its first token."""
 from solutions.ex04_scheduler import BaseScheduler, SchedulerOutput
 
 

@@ -1,4 +1,4 @@
-"""Admits waiting prompts before serving running requests: decodes stall behind prefills."""
+"""Breaks rule 3: admits waiting prompts before serving running requests: decodes stall behind prefills."""
 from solutions.ex04_scheduler import BaseScheduler, SchedulerOutput
 
 

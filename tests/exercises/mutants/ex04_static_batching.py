@@ -1,4 +1,4 @@
-"""Static batching: admits only when the whole previous batch has finished."""
+"""Breaks rule 8: static batching: admits only when the whole previous batch has finished."""
 from solutions.ex04_scheduler import ContinuousScheduler as Continuous
 from solutions.ex04_scheduler import SchedulerOutput
 
