@@ -9,8 +9,15 @@ llama-120m's 48 layer matrices, far bigger than the 32 MiB L3), ms per pass, F.l
 fp32 batch 1 22.2 vs 12.3 (25 GB/s), batch 64 97.7 vs 49.5, batch 2048 1635 vs 1555;
 bf16 batch 1 11.8 vs 7.8, batch 64 34.1 vs 27.0, batch 2048 795 vs 726.
 
+A CPU without bf16 instructions (AVX2 only, no avx512_bf16/AMX) has no oneDNN bf16 kernel, and
+torch's own bf16 gemm there is a slow generic loop: llama-120m's matrices ran at about 6 GFLOP/s
+at batch 64 and 2048, 7-17x slower than fp32 on a 2-core AVX2 EPYC. There a bf16 (or fp16)
+layer keeps its weight twice (`compute_dtype`): a packed fp32 copy for batches of two or more
+rows, computed in fp32 and rounded to bf16 as a bf16 gemm with fp32 accumulation would be, and
+the dense bf16 weight for single rows, where F.linear reads half the bytes of the fp32 copy.
+
 `PackedLinear.from_linear(m)` swaps an nn.Linear for one that holds only the packed weight
-(no second copy in memory); its state_dict still has the plain `weight`.
+(no second copy in memory, except the dense one above); its state_dict still has the plain `weight`.
 """
 
 from __future__ import annotations
@@ -30,6 +37,16 @@ def supported(dtype: torch.dtype) -> bool:
             torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}.get(dtype, False)
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype a packed CPU linear of `dtype` weights computes in: `dtype` itself where oneDNN
+    has a kernel for it, fp32 for a 16-bit float where it has none, None where oneDNN can't help."""
+    if supported(dtype):
+        return dtype
+    if dtype in (torch.bfloat16, torch.float16) and supported(torch.float32):
+        return torch.float32
+    return None
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """(out, in) dense weight -> opaque oneDNN tensor of the same shape."""
     # no batch-size hint: one packing served batch 1 to 2048 within 8% of the best per-size one
@@ -37,45 +54,63 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: (..., in) -> (..., out), as F.linear(x, weight, bias)."""
+    """x: (..., in) -> (..., out), as F.linear(x, weight, bias); x in the packed weight's dtype."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-def linear_for(weight: torch.Tensor) -> tuple[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """(name, x -> x @ weight.T) as the engine computes it: packed where oneDNN supports the
-    weight's dtype on a CPU, F.linear elsewhere."""
-    if weight.device.type == "cpu" and supported(weight.dtype):
-        packed = pack(weight)
-        return "oneDNN linear", lambda x: linear(x, packed)
-    return "F.linear", lambda x: F.linear(x, weight)
 
 
 class PackedLinear(nn.Module):
     """An inference-only nn.Linear on a packed weight. `.to(dtype)` repacks; state_dict() gives
-    the dense `weight`, but loading one back is not supported: pack after loading weights."""
+    the dense `weight`, but loading one back is not supported: pack after loading weights.
 
-    def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None):
+    Where the packed weight is fp32 but the layer bf16/fp16 (`compute_dtype`), inputs of two or
+    more rows run in fp32 and the output is rounded back; single rows use the kept dense weight.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        self.packed = packed  # a plain attribute: opaque tensors cannot be parameters
+        self._set_weight(weight)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        self.out_features, self.in_features = packed.shape
+        self.out_features, self.in_features = weight.shape
         self.register_state_dict_post_hook(_dense_weight)
+
+    def _set_weight(self, weight: torch.Tensor) -> None:
+        cdt = compute_dtype(weight.dtype) if weight.device.type == "cpu" else None
+        if cdt is None:
+            raise ValueError(f"PackedLinear cannot hold a {weight.dtype} weight on {weight.device}: "
+                             "oneDNN has no kernel for it here; convert the model before packing it")
+        self.dtype = weight.dtype
+        self.packed = pack(weight.to(cdt))  # plain attributes: opaque tensors cannot be parameters
+        self.dense = None if cdt == weight.dtype else weight.detach()
 
     @classmethod
     def from_linear(cls, m: nn.Linear) -> PackedLinear:
-        return cls(pack(m.weight), m.bias)
+        return cls(m.weight, m.bias)
 
     def forward(self, x):
-        return linear(x, self.packed, self.bias)
+        if self.dense is None:
+            return linear(x, self.packed, self.bias)
+        if x.numel() == x.shape[-1]:  # one row: a weight read, cheaper in the 16-bit copy
+            return F.linear(x, self.dense, self.bias)
+        bias = None if self.bias is None else self.bias.float()
+        return linear(x.float(), self.packed, bias).to(self.dtype)
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.packed.to_dense().to(self.dtype) if self.dense is None else self.dense
 
     def _apply(self, fn, recurse=True):  # .to(), .float(), ...: convert the dense weight, repack
-        dense = fn(self.packed.to_dense())
-        if dense.device.type != "cpu" or not supported(dense.dtype):
-            raise ValueError(f"PackedLinear cannot move to {dense.dtype} on {dense.device}: oneDNN "
-                             "has no such kernel here; convert the model before packing it")
-        self.packed = pack(dense)
+        self._set_weight(fn(self.dense_weight()))
         return super()._apply(fn, recurse)
 
 
+def linear_for(weight: torch.Tensor) -> tuple[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """(name, x -> x @ weight.T) as the engine computes it: packed where oneDNN can run the
+    weight's dtype on a CPU (in fp32 for bf16 on a CPU without bf16 kernels), F.linear elsewhere."""
+    if weight.device.type == "cpu" and compute_dtype(weight.dtype) is not None:
+        m = PackedLinear(weight, None)
+        name = "oneDNN linear" + ("" if m.dense is None else " (fp32 compute above one row)")
+        return name, m
+    return "F.linear", lambda x: F.linear(x, weight)
+
+
 def _dense_weight(module: PackedLinear, state: dict, prefix: str, local_metadata) -> None:
-    state[prefix + "weight"] = module.packed.to_dense()
+    state[prefix + "weight"] = module.dense_weight()

@@ -19,32 +19,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """RMSNorm over the last dim, optionally fused with the residual add.
 
     x: (..., hidden); weight: (hidden,). With `residual`, computes h = x + residual and
-    returns (rms_norm(h), h), as the decoder layer needs both.
+    returns (rms_norm(h), h), as the decoder layer needs both. HF's order of rounding: the mean
+    of squares and the scaling in fp32, then a cast to x's dtype, then the weight.
     """
     if residual is not None:
         x = x + residual
         residual = x
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    out = h.to(x.dtype) * weight
+    var = x.float().square().mean(-1, keepdim=True)  # (..., 1) fp32
+    out = (x * torch.rsqrt(var + eps)).to(x.dtype) * weight  # x * fp32 (..., 1) is fp32
     return out if residual is None else (out, residual)
 
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                      cos_sin_cache: torch.Tensor):
-    """Rotate q and k by their positions (neox/Llama layout: halves, not interleaved).
+    """Rotate q and k by their positions (neox/Llama layout: halves, not interleaved), in place.
 
-    positions: (T,) int; q: (T, num_heads, head_dim); k: (T, num_kv_heads, head_dim);
-    cos_sin_cache: (max_pos, head_dim) fp32, [cos | sin] of the rotary frequencies.
-    Returns new (q, k) in the input dtype.
+    positions: (T,) int; q: (T, num_heads, head_dim); k: (T, num_kv_heads, head_dim), views
+    into the fused qkv projection; cos_sin_cache: (max_pos, head_dim) fp32, [cos | sin] of the
+    rotary frequencies. Computes in fp32, rounds once to the input dtype; returns (q, k).
+    In place, so no new q/k (and no concatenation) per layer; the Triton kernel returns new
+    tensors instead, and callers use the returned pair either way.
     """
     cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # (T, 1, head_dim/2)
-
-    def rotate(x):
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
-
-    return rotate(q), rotate(k)
+    for x in (q, k):
+        h = x.float()  # fp32: x itself, rotated in place; else an fp32 copy, written back once
+        x1, x2 = h.chunk(2, dim=-1)
+        x1_sin = x1 * sin
+        x1.mul_(cos).sub_(x2 * sin)  # x1 cos - x2 sin
+        x2.mul_(cos).add_(x1_sin)  # x2 cos + x1 sin
+        if h is not x:
+            x.copy_(h)
+    return q, k
 
 
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

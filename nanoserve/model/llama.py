@@ -136,7 +136,7 @@ class LlamaForCausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head
 
-    lm_head_packed = None  # oneDNN copy of the lm_head, set by process_weights_after_loading
+    lm_head_packed = None  # PackedLinear.forward of the lm_head, set by process_weights_after_loading
 
     def process_weights_after_loading(self) -> None:
         """On a CPU oneDNN supports, run every matmul on prepacked weights (kernels/cpu_gemm.py).
@@ -146,15 +146,17 @@ class LlamaForCausalLM(nn.Module):
         a PackedLinear holding only the packed weight. The lm_head gets a packed copy beside its
         dense one: the embedding lookup of a tied model needs the dense rows, and an untied
         model keeps its `lm_head` parameter for state_dict (one vocab x hidden matrix extra).
+        A bf16 model on a CPU without bf16 kernels also keeps its dense weights: see cpu_gemm.
         """
         weight = self.embed_tokens.weight
-        if weight.device.type != "cpu" or not cpu_gemm.supported(weight.dtype):
+        if weight.device.type != "cpu" or cpu_gemm.compute_dtype(weight.dtype) is None:
             return
         for name, m in list(self.named_modules()):
             if isinstance(m, nn.Linear):
                 parent, attr = name.rsplit(".", 1)
                 setattr(self.get_submodule(parent), attr, cpu_gemm.PackedLinear.from_linear(m))
-        self.lm_head_packed = cpu_gemm.pack(self.lm_head_weight())
+        # a bound method, not a submodule: no state_dict entry, no hook of step_profile's
+        self.lm_head_packed = cpu_gemm.PackedLinear(self.lm_head_weight(), None).forward
 
     def forward(self, input_ids, positions, kv_caches, attn: AttentionMetadata):
         """input_ids, positions: (T,); kv_caches: per layer (k_cache, v_cache). -> (T, hidden)."""
@@ -168,7 +170,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (N, hidden) -> (N, vocab) in fp32."""
         if self.lm_head_packed is not None:
-            return cpu_gemm.linear(hidden, self.lm_head_packed).float()
+            return self.lm_head_packed(hidden).float()
         return F.linear(hidden, self.lm_head_weight()).float()
 
     def init_random_weights(self, seed: int = 0, std: float = 0.02):

@@ -15,8 +15,7 @@ pytestmark = pytest.mark.skipif(not cpu_gemm.supported(torch.float32), reason="n
 @pytest.mark.parametrize("batch", [1, 3, 64])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_matches_f_linear(dtype, tol, batch, bias):
-    if not cpu_gemm.supported(dtype):
-        pytest.skip(f"oneDNN has no {dtype} here")
+    """bf16 runs on oneDNN's bf16 kernel where the CPU has one, else in fp32 (two or more rows)."""
     torch.manual_seed(0)
     m = nn.Linear(48, 80, bias=bias).to(dtype)
     packed = cpu_gemm.PackedLinear.from_linear(m)
@@ -24,6 +23,25 @@ def test_packed_linear_matches_f_linear(dtype, tol, batch, bias):
     torch.testing.assert_close(packed(x).float(), F.linear(x, m.weight, m.bias).float(),
                                rtol=tol, atol=tol)
     assert packed(x).dtype == dtype and packed(x.view(1, batch, 48)).shape == (1, batch, 80)
+
+
+def test_bf16_without_bf16_kernels_rounds_an_fp32_product():
+    """Where oneDNN has no bf16 kernel, rows are multiplied in fp32 and rounded once to bf16:
+    what a bf16 gemm accumulating in fp32 returns. Elsewhere the layer is oneDNN's bf16 one."""
+    torch.manual_seed(0)
+    m = nn.Linear(256, 96, bias=True).bfloat16()
+    packed = cpu_gemm.PackedLinear.from_linear(m)
+    x = torch.randn(5, 256).bfloat16()
+    want = F.linear(x.float(), m.weight.float(), m.bias.float()).bfloat16()
+    if cpu_gemm.supported(torch.bfloat16):
+        assert packed.dense is None
+        torch.testing.assert_close(packed(x), want, rtol=1e-2, atol=1e-2)
+        return
+    assert cpu_gemm.compute_dtype(torch.bfloat16) == torch.float32 and packed.dense is not None
+    # fp32 sums in a different order can straddle a bf16 rounding boundary: at most one bf16 step
+    assert (packed(x).float() - want.float()).abs().le(want.float().abs() * 2**-7 + 1e-6).all()
+    assert (packed(x) == want).float().mean() > 0.95
+    torch.testing.assert_close(packed(x[:1]), F.linear(x[:1], m.weight, m.bias))  # one row: dense
 
 
 def test_state_dict_keeps_the_dense_weight():
@@ -35,29 +53,31 @@ def test_state_dict_keeps_the_dense_weight():
 
 def test_to_dtype_repacks():
     m = nn.Linear(16, 24)
-    if not cpu_gemm.supported(torch.bfloat16):  # e.g. AVX2 only: oneDNN has no bf16 kernel
-        with pytest.raises(ValueError, match="cannot move to torch.bfloat16"):
-            cpu_gemm.PackedLinear.from_linear(m).to(torch.bfloat16)
-        return
     packed = cpu_gemm.PackedLinear.from_linear(m).to(torch.bfloat16)
     x = torch.randn(3, 16)
+    assert packed(x.bfloat16()).dtype == torch.bfloat16
     torch.testing.assert_close(packed(x.bfloat16()).float(), F.linear(x, m.weight, m.bias),
                                rtol=3e-2, atol=3e-2)
+    assert packed.state_dict()["weight"].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="cannot hold a torch.float64"):
+        packed.to(torch.float64)
 
 
-def test_model_packs_every_linear_and_keeps_its_outputs():
-    net, cfg, _ = load_model("preset:tiny", "cpu", "float32")
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_model_packs_every_linear_and_keeps_its_outputs(dtype, tol):
+    net, cfg, _ = load_model("preset:tiny", "cpu", dtype)
     dense = {k: v.clone() for k, v in net.state_dict().items()}
     linears = {n: m for n, m in net.named_modules() if isinstance(m, nn.Linear)}
-    hidden = torch.randn(4, cfg.hidden_size)
+    hidden = torch.randn(4, cfg.hidden_size).to(net.norm.dtype)
     want = net.compute_logits(hidden)
     net.process_weights_after_loading()
     assert not any(isinstance(m, nn.Linear) for m in net.modules())
     assert len(linears) == 4 * cfg.num_hidden_layers
     for name, old in linears.items():  # each swapped layer computes what the nn.Linear did
-        x = torch.randn(5, old.in_features)
-        torch.testing.assert_close(net.get_submodule(name)(x), old(x), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(net.compute_logits(hidden), want, rtol=1e-5, atol=1e-5)
+        for rows in (1, 5):
+            x = torch.randn(rows, old.in_features).to(old.weight.dtype)
+            torch.testing.assert_close(net.get_submodule(name)(x), old(x), rtol=tol, atol=tol)
+    torch.testing.assert_close(net.compute_logits(hidden), want, rtol=tol, atol=tol)
     after = net.state_dict()
     assert set(after) == set(dense) and all(torch.equal(after[k], dense[k]) for k in dense)
 
