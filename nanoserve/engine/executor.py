@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 from nanoserve.config import ModelConfig
 from nanoserve.engine.scheduler import SchedulerOutput
+from nanoserve.errors import InvalidRequest
 
 
 class RequestFailed(Exception):
@@ -27,11 +28,14 @@ class RequestFailed(Exception):
     errors: {request_id: message}. sampled: the tokens of the step's other sampling requests
     when the step ran for them (a per-request sampling failure after the forward pass); None
     when nothing of the step can be used: the engine then runs it again without the failed
-    requests."""
+    requests. invalid_block_ids: blocks the failed requests were to fill by a KV transfer that
+    failed (vLLM's get_block_ids_with_load_errors): they leave the prefix cache, and a request
+    that took a prefix-cache hit on them is recomputed."""
 
-    def __init__(self, errors: dict[str, str], sampled: dict[str, int] | None = None):
+    def __init__(self, errors: dict[str, str], sampled: dict[str, int] | None = None,
+                 invalid_block_ids=frozenset()):
         super().__init__("; ".join(f"request {rid}: {msg}" for rid, msg in errors.items()))
-        self.errors, self.sampled = errors, sampled
+        self.errors, self.sampled, self.invalid_block_ids = errors, sampled, set(invalid_block_ids)
 
 
 class Executor(abc.ABC):
@@ -41,6 +45,7 @@ class Executor(abc.ABC):
     dtype = None  # torch dtype (a real model) or dtype name (a cost model)
     tokenizer = None
     model_name: str | None = None  # what it was loaded from ("preset:tiny", a folder's name)
+    kv_connector = None  # the worker side of a KV connector (kv_connector.py), once set up
 
     @abc.abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
@@ -49,3 +54,9 @@ class Executor(abc.ABC):
 
     def finish_requests(self, request_ids: Iterable[str]) -> None:
         """Drop per-request state of requests that left the engine. Default: none kept."""
+
+    def init_kv_connector(self, kv_transfer_config) -> None:
+        """Set up the worker side of a KV connector (disaggregated prefill/decode) over this
+        executor's KV tensors. Default: refuse (a simulation holds no KV)."""
+        raise InvalidRequest("kv_transfer_config", f"{type(self).__name__} holds no KV cache to "
+                                                   "transfer; disaggregation needs a ModelRunner")

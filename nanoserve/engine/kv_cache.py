@@ -202,6 +202,12 @@ class KVCacheManager:
             self.num_cached_blocks[request.request_id] = first
         return [b.block_id for b in blocks]
 
+    def uncache_blocks(self, block_ids) -> list[int]:
+        """Blocks whose KV never arrived (a failed KV transfer) leave the prefix cache. -> the ids."""
+        for i in block_ids:
+            self.pool.uncache(self.pool.blocks[i])
+        return list(block_ids)
+
     def free(self, request: Request) -> None:
         """Return a request's blocks, tail first, so its prefix outlives its suffix in the LRU."""
         blocks = self.req_to_blocks.pop(request.request_id, [])

@@ -10,12 +10,19 @@ One bad request never harms another: add_request checks everything it is given (
 naming the field) before anything is queued, and a failure while running a step finishes only
 the requests it is tied to (finish_reason "error", `error` says what failed, blocks freed; see
 executor.py); the engine stays usable.
+
+With `kv_transfer_config` (kv_connector.py) the engine is one half of a disaggregated pair: a
+request's `kv_transfer_params` ask it to hand its prompt's KV to a decode instance, or to go on
+from KV a prefill instance handed over. vLLM returns the params of a hand-off on
+RequestOutput.kv_transfer_params; here they are in `finished_kv_transfer_params` after the step
+that finished the request. `shutdown()` releases what the connector holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import time
 from dataclasses import asdict, dataclass
 from itertools import count
@@ -24,9 +31,11 @@ from typing import Callable
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.kv_cache import KVCacheManager
+from nanoserve.engine.kv_connector import KVConnectorRole, KVTransferConfig
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.request import Request, check_prompt
 from nanoserve.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
+from nanoserve.engine.shm_connector import make_kv_connector
 from nanoserve.engine.trace import StepRecord, TraceEntry
 from nanoserve.errors import InvalidRequest, as_real
 from nanoserve.outputs import RequestOutput
@@ -53,24 +62,29 @@ class LLMEngine:
 
     def __init__(self, model: str | ModelConfig | None = None, device: str | None = None,
                  dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
-                 scheduler_cls=None, clock: Callable[[], float] = time.perf_counter):
+                 scheduler_cls=None, clock: Callable[[], float] = time.perf_counter,
+                 kv_transfer_config=None):
         config = EngineConfig() if config is None else config
         _check_options(config, scheduler_cls, clock)  # before the model loads
-        self._setup(ModelRunner.load(model, device, dtype, seed, config), config, scheduler_cls, clock)
+        kv_transfer_config = _kv_transfer_config(kv_transfer_config)
+        self._setup(ModelRunner.load(model, device, dtype, seed, config), config, scheduler_cls,
+                    clock, kv_transfer_config)
 
     @classmethod
     def from_executor(cls, executor: Executor, config: EngineConfig | None = None,
-                      scheduler_cls=None, clock: Callable[[], float] = time.perf_counter) -> LLMEngine:
+                      scheduler_cls=None, clock: Callable[[], float] = time.perf_counter,
+                      kv_transfer_config=None) -> LLMEngine:
         """An engine over an existing executor. KV blocks: config.num_kv_blocks, else all the
         executor holds; never more than it holds (a simulator's executor holds no memory, so
         config.num_kv_blocks is required there)."""
         config = EngineConfig() if config is None else config
         _check_options(config, scheduler_cls, clock)
         engine = cls.__new__(cls)
-        engine._setup(executor, config, scheduler_cls, clock)
+        engine._setup(executor, config, scheduler_cls, clock, _kv_transfer_config(kv_transfer_config))
         return engine
 
-    def _setup(self, executor: Executor, config: EngineConfig, scheduler_cls, clock) -> None:
+    def _setup(self, executor: Executor, config: EngineConfig, scheduler_cls, clock,
+               kv_transfer_config: KVTransferConfig | None = None) -> None:
         if not isinstance(executor, Executor):
             raise TypeError(f"executor {executor!r} is not a nanoserve.engine.Executor (it needs "
                             "execute_model(scheduler_output) and finish_requests(request_ids))")
@@ -88,6 +102,13 @@ class LLMEngine:
         self.num_kv_blocks = num_blocks
         self.kv_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = (scheduler_cls or Scheduler)(config, self.kv_manager)
+        self.kv_connector = None  # the scheduler side; the worker side is executor.kv_connector
+        if kv_transfer_config is not None:
+            executor.init_kv_connector(kv_transfer_config)
+            self.kv_connector = make_kv_connector(
+                kv_transfer_config, KVConnectorRole.SCHEDULER, executor.kv_connector.layout,
+                config.block_size, self.model_config.vocab_size)
+            self.scheduler.connector = self.kv_connector
         self.requests: dict[str, Request] = {}
         self.trace: list[StepRecord] = []
         self.num_steps = 0
@@ -115,16 +136,24 @@ class LLMEngine:
         return self.executor.model_name
 
     @property
+    def finished_kv_transfer_params(self) -> dict[str, dict]:
+        """{request_id: kv_transfer_params} of hand-offs finished by the last step() (a prefill
+        instance's answer to do_remote_decode: what the decode instance needs)."""
+        return self.scheduler.finished_kv_transfer_params
+
+    @property
     def stats(self) -> EngineStats:
         return EngineStats(**asdict(self.scheduler.stats), steps=self.num_steps)
 
     # -- requests -----------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
-                    arrival_time: float | None = None, request_id: str | None = None) -> str:
+                    arrival_time: float | None = None, request_id: str | None = None,
+                    kv_transfer_params: dict | None = None) -> str:
         """Queue a request. It is scheduled once the engine clock reaches arrival_time (default:
         now). -> its request id. Bad input raises InvalidRequest (a ValueError) naming the field
         and the value; nothing already queued or running is touched. The engine keeps its own
-        checked copy of `params`: changing the caller's object later changes nothing here."""
+        checked copy of `params`: changing the caller's object later changes nothing here.
+        kv_transfer_params: vLLM's, for a KV connector (see the module docstring)."""
         if params is None:
             params = SamplingParams()
         elif isinstance(params, SamplingParams):
@@ -154,10 +183,17 @@ class LLMEngine:
             raise InvalidRequest("request_id", f"request_id={request_id!r} must be a non-empty string")
         elif request_id in self.requests:
             raise InvalidRequest("request_id", f"request_id {request_id!r} is already in use")
+        if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
+            raise InvalidRequest("kv_transfer_params", f"kv_transfer_params={kv_transfer_params!r} "
+                                                       "must be a dict")
+        if self.kv_connector is None and kv_transfer_params and (
+                kv_transfer_params.get("do_remote_decode") or kv_transfer_params.get("do_remote_prefill")):
+            raise InvalidRequest("kv_transfer_params", "this engine has no KV connector: start it "
+                                                       "with a kv_transfer_config (--kv-transfer-config)")
         req = Request(request_id, prompt, params, arrival_time, self.max_model_len,
-                      self.model_config.eos_token_ids)
+                      self.model_config.eos_token_ids, kv_transfer_params)
+        self.scheduler.add_request(req)  # the connector may refuse it: then nothing is kept
         self.requests[request_id] = req
-        self.scheduler.add_request(req)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -183,6 +219,8 @@ class LLMEngine:
         failed (finish_reason "error"); empty when nothing could run: no request has arrived,
         or all are blocked."""
         start = self.clock()
+        if self.kv_connector is not None:
+            self.scheduler.finished_kv_transfer_params.clear()
         out = self.scheduler.schedule(start)
         if out.is_empty:
             return []
@@ -218,14 +256,16 @@ class LLMEngine:
                 if exc.sampled is not None:  # the step ran for the others: keep their tokens
                     return out.without(tied), {r: t for r, t in exc.sampled.items()
                                                if r not in tied}, errors
-                out = self._drop(out, set(tied))
+                out = self._drop(out, set(tied), exc.invalid_block_ids)
         return out, {}, errors
 
-    def _drop(self, out: SchedulerOutput, ids: set[str]) -> SchedulerOutput:
+    def _drop(self, out: SchedulerOutput, ids: set[str], invalid_block_ids=()) -> SchedulerOutput:
         """The step without `ids`, to run again. A request that took a prefix-cache hit this
-        step on a block only a dropped request was to write would read KV nobody writes: it is
-        preempted (recomputed later) and dropped as well, and so on."""
-        kv, unwritten = self.kv_manager, set()
+        step on a block only a dropped request was to write (or to receive by a KV transfer
+        that failed: invalid_block_ids) would read KV nobody writes: it is preempted
+        (recomputed later) and dropped as well, and so on."""
+        kv = self.kv_manager
+        unwritten = set(kv.uncache_blocks(invalid_block_ids))
         for req in out.requests:
             if req.request_id in ids:
                 unwritten.update(kv.uncache_uncomputed(req))
@@ -262,6 +302,12 @@ class LLMEngine:
                 self.requests.pop(req.request_id, None)
             self.executor.finish_requests([r.request_id for r in reqs])
 
+    def shutdown(self) -> None:
+        """Release what the KV connector holds (saved KV nobody fetched, hand-offs never loaded)."""
+        for connector in (self.kv_connector, self.executor.kv_connector):
+            if connector is not None:
+                connector.shutdown()
+
     def _text(self, req: Request) -> str | None:
         return self.tokenizer.decode(req.output_token_ids) if self.tokenizer else None
 
@@ -274,6 +320,14 @@ class LLMEngine:
                                                "token ids instead")
             return self.tokenizer.encode(prompt)
         return prompt
+
+
+def _kv_transfer_config(value) -> KVTransferConfig | None:
+    """Parsed, with an engine_id both sides of the connector share."""
+    if value is None:
+        return None
+    config = KVTransferConfig.parse(value)
+    return config if config.engine_id else dataclasses.replace(config, engine_id=secrets.token_hex(4))
 
 
 def _check_options(config, scheduler_cls, clock) -> None:

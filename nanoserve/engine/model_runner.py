@@ -5,6 +5,8 @@ we pass where its tokens start (query_start_loc), how long its context is (seq_l
 its block table, and per token the cache slot its new K/V goes to (slot_mapping).
 Only rows whose chunk reaches the end of the known tokens get logits and a sample.
 On CUDA, decode-only steps replay CUDA graphs (see cuda_graphs.py).
+With a KV connector (disaggregated prefill/decode), arriving KV is loaded into the cache before
+the forward and the prompts handed off this step are saved after it (kv_connector.py).
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import os
 import torch
 
 from nanoserve.config import EngineConfig, ModelConfig, default_device
-from nanoserve.engine.executor import Executor
+from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.kv_cache import allocate_kv_cache, kv_bytes_per_block, num_blocks_in
+from nanoserve.engine.kv_connector import KVConnectorRole
+from nanoserve.engine.kv_transport import KVLayout
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.scheduler import ScheduledSeq, SchedulerOutput
+from nanoserve.engine.shm_connector import make_kv_connector
 from nanoserve.engine.tokenizer import load_tokenizer
 from nanoserve.errors import InvalidRequest, as_int
 from nanoserve.kernels import AttentionMetadata
@@ -158,10 +163,35 @@ class ModelRunner(Executor):
         for rid in request_ids:
             self.sampler.forget(rid)
 
+    def init_kv_connector(self, kv_transfer_config) -> None:
+        self.kv_connector = make_kv_connector(kv_transfer_config, KVConnectorRole.WORKER,
+                                              KVLayout.of(self.kv_caches), self.block_size,
+                                              self.model_config.vocab_size)
+        self.kv_connector.register_kv_caches(self.kv_caches)
+
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
-        """Run one step. -> {request_id: sampled token} for requests that reached a new token."""
-        seqs = out.seqs
+        """Run one step. -> {request_id: sampled token} for requests that reached a new token.
+        A KV transfer that fails raises RequestFailed for its request (executor.py)."""
+        connector, meta = self.kv_connector, out.kv_connector_metadata
+        if connector is None or meta is None:
+            return self._run(out.seqs)
+        connector.bind_connector_metadata(meta)
+        try:
+            if meta.loads:
+                connector.start_load_kv()
+            sampled = self._run(out.seqs)
+            if meta.saves:
+                for i, (k_cache, v_cache) in enumerate(self.kv_caches):
+                    connector.save_kv_layer(i, k_cache, v_cache)
+                failed = connector.wait_for_save()
+                if failed:
+                    raise RequestFailed(failed, {r: t for r, t in sampled.items() if r not in failed})
+            return sampled
+        finally:
+            connector.clear_connector_metadata()
+
+    def _run(self, seqs) -> dict[str, int]:
         input_ids, positions, attn, logits_indices = self.prepare(seqs)
         if self.graphs is not None and self.graphs.can_run(seqs):
             hidden = self.graphs.run(input_ids, positions, attn)

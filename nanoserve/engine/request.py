@@ -21,7 +21,8 @@ class Request:
     """Mutable engine-side state; the scheduler and KV cache manager read and advance it."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_time: float, max_len: int, eos_token_ids=frozenset()):
+                 arrival_time: float, max_len: int, eos_token_ids=frozenset(),
+                 kv_transfer_params: dict | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -38,6 +39,8 @@ class Request:
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.num_preemptions = 0
         self.emitted = 0  # output tokens already reported (for streaming deltas)
+        # disaggregated prefill/decode: what the KV connector is asked to do (kv_connector.py)
+        self.kv_transfer_params = kv_transfer_params
 
     @property
     def all_token_ids(self) -> list[int]:

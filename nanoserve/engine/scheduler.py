@@ -16,6 +16,12 @@ prompt is admitted whole; priority "decode" serves running decodes first (a prom
 larger than the whole budget then gets a step of its own), "prefill" runs prefill-only
 steps while prompts can be admitted (vLLM v0's default).
 
+With a KV connector (disaggregated prefill/decode, kv_connector.py) the scheduler asks it at
+admission how many prompt tokens beyond its own prefix-cache hits arrive by transfer, reserves
+blocks for them and counts them as computed; the step's SchedulerOutput carries the connector's
+metadata (what to load and save) to the runner, and a finishing request's blocks are offered to
+the connector before they are freed.
+
 The scheduler never touches tensors: the runner executes its SchedulerOutput, and the
 simulator drives the same class with a cost model.
 """
@@ -51,6 +57,7 @@ class SchedulerOutput:
     preempted: list[str] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    kv_connector_metadata: object = None  # the KV connector's loads and saves for this step
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -71,6 +78,8 @@ class SchedulerOutput:
     def without(self, request_ids) -> SchedulerOutput:
         """This step minus the given requests (a failure took them out of it)."""
         out = SchedulerOutput(preempted=self.preempted)
+        if self.kv_connector_metadata is not None:
+            out.kv_connector_metadata = self.kv_connector_metadata.without(request_ids)
         for seq, req in zip(self.seqs, self.requests):
             if seq.request_id not in request_ids:
                 out.append(seq, req)
@@ -83,6 +92,7 @@ class SchedulerStats:
 
     prefill_tokens_computed: int = 0  # prompt (and recomputed) tokens actually run
     cached_prompt_tokens: int = 0  # tokens served from the prefix cache at admission
+    transferred_prompt_tokens: int = 0  # tokens whose KV a KV connector brought at admission
     decode_tokens: int = 0
     preemptions: int = 0
     finished_requests: int = 0
@@ -97,7 +107,10 @@ class Scheduler:
     `running` (a list in admission order), the KV cache manager `kv` and the counters `stats`.
     The public helpers `next_waiting`, `admit`, `add` and `preempt` are the moves a policy is made
     of; a subclass with its own `schedule` (exercise 4) uses them to keep the bookkeeping right.
+    `connector`: a KV connector's scheduler side, set by the engine (None: no transfers).
     """
+
+    connector = None
 
     def __init__(self, config: EngineConfig, kv_manager: KVCacheManager):
         self.config = config
@@ -106,9 +119,13 @@ class Scheduler:
         self.running: list[Request] = []
         self.stats = SchedulerStats()
         self.batch_open = True  # static policy: may the current batch still take requests?
+        # kv_transfer_params the connector returned for requests finished since the engine's step began
+        self.finished_kv_transfer_params: dict[str, dict] = {}
 
     # -- queue management -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
+        if self.connector is not None:
+            self.connector.on_new_request(req)  # may refuse it (InvalidRequest), before it queues
         t = req.metrics.arrival_time
         if not self.waiting or self.waiting[-1].metrics.arrival_time <= t:
             self.waiting.append(req)  # the usual case: requests come in arrival order
@@ -123,8 +140,8 @@ class Scheduler:
             for req in queue:
                 if req.request_id == request_id:
                     queue.remove(req)
-                    self.kv.free(req)
                     req.status, req.finish_reason = RequestStatus.FINISHED, finish_reason
+                    self._free(req)
                     if finish_reason == "error":
                         self.stats.failed_requests += 1
                     else:
@@ -162,6 +179,8 @@ class Scheduler:
                 len(self.running) >= cfg.max_num_seqs or self.next_waiting(now) is None
                 or any(not r.is_prefilling for r in self.running)):
             self.batch_open = False  # full, nobody else waiting, or already decoding
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
         return out
 
     def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
@@ -196,14 +215,20 @@ class Scheduler:
             if cap and sum(r.is_prefilling for r in self.running) >= cap:
                 break
             blocks, num_cached = self.kv.get_computed_blocks(req)
-            n = req.num_tokens - num_cached
+            num_external = 0  # tokens past the local hits whose KV arrives by transfer
+            if self.connector is not None:
+                num_external, _ = self.connector.get_num_new_matched_tokens(req, num_cached)
+            n = req.num_tokens - num_cached - num_external
             if cfg.enable_chunked_prefill:
                 n = min(n, budget)
             elif n > budget and not (alone and not out.seqs):
                 break  # admitted whole or not at all
-            if not self.kv.allocate_slots(req, n, blocks):
+            if not self.kv.allocate_slots(req, num_external + n, blocks):
                 break
-            self.admit(req, num_cached, n, out, now)
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(req, self.kv.block_ids(req.request_id),
+                                                        num_external)
+            self.admit(req, num_cached, n, out, now, num_external)
             budget -= n
             if alone:
                 break
@@ -217,20 +242,22 @@ class Scheduler:
         return self.waiting[0]
 
     def admit(self, req: Request, num_cached: int, num_new_tokens: int, out: SchedulerOutput,
-              now: float) -> None:
+              now: float, num_external_tokens: int = 0) -> None:
         """Move `req`, the head of the waiting queue, to running: it reuses num_cached tokens of
-        prefix cache and computes num_new_tokens now (slots already reserved by allocate_slots)."""
+        prefix cache, gets the next num_external_tokens by KV transfer (loaded before this step
+        runs) and computes num_new_tokens now (slots already reserved by allocate_slots)."""
         if not self.waiting or self.waiting[0] is not req:
             raise ValueError(f"admit(): request {req.request_id} is not the head of the waiting queue")
         self.waiting.popleft()
         self.running.append(req)
         req.status = RequestStatus.RUNNING
-        req.num_computed_tokens = num_cached
+        req.num_computed_tokens = num_cached + num_external_tokens
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_cached
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = now
         self.stats.cached_prompt_tokens += num_cached
+        self.stats.transferred_prompt_tokens += num_external_tokens
         self.add(req, num_new_tokens, out)
 
     def add(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> None:
@@ -274,10 +301,18 @@ class Scheduler:
 
     def _finish(self, req: Request, now: float) -> None:
         self.running.remove(req)
-        self.kv.free(req)
         req.status = RequestStatus.FINISHED
         req.metrics.finished_time = now
+        self._free(req)
         self.stats.finished_requests += 1
+
+    def _free(self, req: Request) -> None:
+        """A finished request's blocks go back to the pool, offered to the connector first."""
+        if self.connector is not None:
+            params = self.connector.request_finished(req, self.kv.block_ids(req.request_id))
+            if params is not None:
+                self.finished_kv_transfer_params[req.request_id] = params
+        self.kv.free(req)
 
     def check_invariants(self) -> None:
         """Every request is in the queue its status says, once; the seat cap holds; running

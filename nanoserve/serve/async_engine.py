@@ -50,6 +50,7 @@ class _Add:
     prompt_token_ids: list[int]
     params: object
     sink: _Sink
+    kv_transfer_params: dict | None = None
 
 
 @dataclass
@@ -62,6 +63,7 @@ class _Sink:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop, self.queue = loop, asyncio.Queue()
+        self.kv_transfer_params = None  # a finished hand-off's (set before its last output)
 
     def put(self, item) -> None:
         _deliver([(self, item)])
@@ -110,6 +112,11 @@ class RequestStream:
         self.finished = item.finished
         return item
 
+    @property
+    def kv_transfer_params(self) -> dict | None:
+        """What a prefill instance returns for a hand-off, once the request has finished."""
+        return self.sink.kv_transfer_params
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -146,7 +153,8 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping.is_set()
 
-    async def generate(self, prompt_token_ids: list[int], params, request_id: str | None = None):
+    async def generate(self, prompt_token_ids: list[int], params, request_id: str | None = None,
+                       kv_transfer_params: dict | None = None):
         """Submit a request; -> its RequestStream of outputs (each with `new_token_ids`; the
         last one finished; the caller closes it). Raises the engine's ValueError for a bad request, ServerBusy
         when too many are in flight, EngineStopped when shutting down."""
@@ -163,7 +171,7 @@ class AsyncEngine:
         stream = RequestStream(self, request_id, asyncio.get_running_loop())
         self.num_in_flight += 1
         try:
-            self._inbox.put(_Add(request_id, prompt_token_ids, params, stream.sink))
+            self._inbox.put(_Add(request_id, prompt_token_ids, params, stream.sink, kv_transfer_params))
             first = await asyncio.wait_for(stream.sink.queue.get(), ACCEPT_TIMEOUT)
             if isinstance(first, Exception):
                 stream.finished = True  # refused: the engine holds nothing of it
@@ -200,6 +208,7 @@ class AsyncEngine:
             reason = self.error = f"the engine failed: {e!r}"
             self._stopping.set()
         self._fail_all(reason)
+        self.engine.shutdown()  # what a KV connector holds
 
     def _drain(self, block: bool, wait: float = IDLE_WAIT) -> None:
         """Apply what the inbox holds; if `block`, first wait up to `wait` s for something."""
@@ -214,7 +223,8 @@ class AsyncEngine:
     def _apply(self, msg) -> None:
         if isinstance(msg, _Add):
             try:
-                self.engine.add_request(msg.prompt_token_ids, msg.params, request_id=msg.request_id)
+                self.engine.add_request(msg.prompt_token_ids, msg.params, request_id=msg.request_id,
+                                        kv_transfer_params=msg.kv_transfer_params)
             except ValueError as e:  # a bad request: refused before it touched anything
                 msg.sink.put(e)
                 return
@@ -238,6 +248,8 @@ class AsyncEngine:
             if o.finished:
                 self._sinks.pop(o.request_id, None)
                 self._finished(o)
+                if sink is not None:
+                    sink.kv_transfer_params = self.engine.finished_kv_transfer_params.get(o.request_id)
             if sink is not None:
                 deliveries.append((sink, o))
         _deliver(deliveries)

@@ -1,4 +1,5 @@
-"""Start `python -m nanoserve serve` as a subprocess on a free loopback port, and stop it.
+"""Start `python -m nanoserve serve` as a subprocess on a free loopback port, and stop it; and
+where a server runs: loopback hosts, free ports, the CPUs it is pinned to.
 
 Tests, lesson 10 and benchmarks/http_peers.py run the real server this way: a separate process,
 as a user runs it, reached over a real socket. `ServerProcess` waits for GET /health with a
@@ -11,6 +12,7 @@ its parent dies), so a notebook or a test run never leaves a server behind.
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import os
 import signal
 import socket
@@ -20,6 +22,40 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+
+
+def parse_cpus(spec: str) -> list[int]:
+    """'0-3' or '0,2' or '1' -> sorted CPU numbers (ValueError naming the spec if malformed)."""
+    cpus = set()
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ValueError(f"--cpu-omp-threads-bind {spec!r}: expected CPUs like 0, 0-3 or 0,2") from None
+    if not cpus or min(cpus) < 0:
+        raise ValueError(f"--cpu-omp-threads-bind {spec!r}: expected CPUs like 0, 0-3 or 0,2")
+    return sorted(cpus)
+
+
+def bind_cpus(spec: str | None) -> None:
+    """Run on these CPUs: as many torch threads, and the affinity (Linux) that later threads inherit."""
+    if not spec:
+        return
+    import torch
+    cpus = parse_cpus(spec)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(len(cpus))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,15 +86,18 @@ def _die_with_parent() -> None:
 
 
 class ServerProcess:
-    """`nanoserve serve MODEL *args` on host:port (default: a free loopback port).
+    """`nanoserve serve MODEL *args` on host:port (default: a free loopback port); another server
+    module with `entry` (the router: ("nanoserve.serve.router",)).
 
     env: extra environment variables (e.g. OMP_NUM_THREADS); startup_timeout: seconds to wait
     for /health. The server's output goes to a temporary log file (`log()` reads it).
     """
 
     def __init__(self, model: str | None = None, *args: str, host: str = "127.0.0.1",
-                 port: int | None = None, env: dict | None = None, startup_timeout: float = 180.0):
+                 port: int | None = None, env: dict | None = None, startup_timeout: float = 180.0,
+                 entry: tuple[str, ...] = ("nanoserve", "serve")):
         self.model, self.args, self.host = model, [str(a) for a in args], host
+        self.entry = entry  # `python -m ENTRY...`: the server, or ("nanoserve.serve.router",)
         self.port = port or free_port(host)
         self.env = {**os.environ, **(env or {})}
         self.startup_timeout = startup_timeout
@@ -74,18 +113,24 @@ class ServerProcess:
     @property
     def command(self) -> list[str]:
         model = [self.model] if self.model else []
-        return [sys.executable, "-m", "nanoserve", "serve", *model, "--host", self.host,
+        return [sys.executable, "-m", *self.entry, *model, "--host", self.host,
                 "--port", str(self.port), *self.args]
 
     def start(self) -> ServerProcess:
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=self.env, preexec_fn=_die_with_parent)
-        atexit.register(self.stop)
+        """Launch, then wait for /health (stopping the server if it never gets there)."""
+        self.launch()
         try:
             self.wait_healthy(self.startup_timeout)
         except BaseException:
             self.stop()
             raise
+        return self
+
+    def launch(self) -> ServerProcess:
+        """Start the process without waiting (several servers can then load at once)."""
+        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=self.env, preexec_fn=_die_with_parent)
+        atexit.register(self.stop)
         return self
 
     def wait_healthy(self, timeout: float) -> None:
@@ -101,6 +146,10 @@ class ServerProcess:
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"no healthy server at {self.base_url} after {timeout:g} s:\n{self.log()}")
+
+    @property
+    def log_path(self) -> str:
+        return self._log.name
 
     def log(self, tail: int = 4000) -> str:
         if self._final_log is not None:

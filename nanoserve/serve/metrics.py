@@ -7,6 +7,8 @@ its own CollectorRegistry, so several servers can live in one process (tests).
 The engine thread calls `record_step` after every step and `record_finished` for each request that
 ends; the latencies come from the request's own timestamps with measure.metrics' definitions
 (TTFT, ITL, TPOT, E2E, queue, prefill), the same numbers `python -m nanoserve bench` reports.
+An instance of a disaggregated deployment also counts its KV transfers (saves on a prefill
+instance, loads on a decode instance): nanoserve's own names, as vLLM's are per connector.
 """
 
 from __future__ import annotations
@@ -79,7 +81,16 @@ class ServerMetrics:
         self.prefill = histogram("vllm:request_prefill_time_seconds",
                                  "Histogram of time spent in PREFILL phase for request.",
                                  REQUEST_LATENCY_BUCKETS)
+        transfers = {name: Counter(f"nanoserve:kv_transfer_{name}", doc, labels + ["direction"],
+                                   registry=r)
+                     for name, doc in (("count", "KV transfers done (save: prefill side, load: decode)."),
+                                       ("bytes", "KV bytes moved by transfers."),
+                                       ("seconds", "Time spent in KV transfers (copy and checks)."),
+                                       ("failures", "KV transfers that failed."))}
+        self.transfers = {(name, d): c.labels(*values, d) for name, c in transfers.items()
+                          for d in ("save", "load")}
         self._last = None  # the engine's counters at the previous step
+        self._last_transfers: dict = {}
 
     def record_step(self, engine, outputs) -> None:
         """Scheduler state after a step (or an add/abort) and the tokens it produced."""
@@ -91,11 +102,23 @@ class ServerMetrics:
             self.prompt_tokens.inc(stats.prefill_tokens_computed - self._last.prefill_tokens_computed)
             self.preemptions.inc(stats.preemptions - self._last.preemptions)
         self._last = stats
+        if engine.executor.kv_connector is not None:
+            self._record_transfers(engine.executor.kv_connector.stats)
         for o in outputs:
             self.generation_tokens.inc(len(o.new_token_ids))
             if len(o.token_ids) == len(o.new_token_ids):  # the request's first token: it was admitted
                 self.prefix_queries.inc(len(o.prompt_token_ids))
                 self.prefix_hits.inc(o.num_cached_tokens)
+
+    def _record_transfers(self, st) -> None:
+        now = {("count", "save"): st.saves, ("count", "load"): st.loads,
+               ("bytes", "save"): st.save_bytes, ("bytes", "load"): st.load_bytes,
+               ("seconds", "save"): st.save_seconds, ("seconds", "load"): st.load_seconds,
+               ("failures", "save"): st.failed_saves, ("failures", "load"): st.failed_loads}
+        for key, value in now.items():
+            if value > self._last_transfers.get(key, 0):
+                self.transfers[key].inc(value - self._last_transfers.get(key, 0))
+        self._last_transfers = now
 
     def record_finished(self, o) -> None:
         """A request that ended: its finish reason (vLLM's names) and, if it completed, its latencies."""

@@ -5,7 +5,8 @@ entrypoints/openai/completion/protocol.py, chat_completion/protocol.py); unknown
 accepted and ignored, as vLLM and OpenAI do. Responses are plain dicts built by the functions
 below, in the shapes of vLLM's CompletionResponse / CompletionStreamResponse /
 ChatCompletionResponse / ChatCompletionStreamResponse (`id`, `object`, `created`, `model`,
-`choices`, `usage`; a stream's usage chunk has `choices: []`). Errors are OpenAI's
+`choices`, `usage`, and `kv_transfer_params`, null unless a prefill instance hands a request
+off; a stream's usage chunk has `choices: []`). Errors are OpenAI's
 `{"error": {"message", "type", "param", "code"}}` with vLLM's types (serve/engine/protocol.py
 ErrorInfo: `code` is the HTTP status). Range checks of sampling fields are not here: they are
 SamplingParams' (one place, nanoserve.errors.InvalidRequest naming the field).
@@ -50,6 +51,9 @@ class SamplingRequest(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    # disaggregated prefill/decode (vLLM's field): {"do_remote_decode": true} asks a prefill
+    # instance for a hand-off; the params it returns make a decode instance go on from there
+    kv_transfer_params: dict | None = None
 
     def stop_strings(self) -> list[str]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -120,20 +124,20 @@ def usage_chunk(rid: str, created: int, model: str, obj: str, use: dict) -> dict
 
 
 def completion_response(rid: str, created: int, model: str, text: str, finish_reason: str,
-                        stop_reason, use: dict) -> dict:
+                        stop_reason, use: dict, kv_transfer_params: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": text, "logprobs": None,
                          "finish_reason": finish_reason, "stop_reason": stop_reason}],
-            "usage": use}
+            "usage": use, "kv_transfer_params": kv_transfer_params}
 
 
 def chat_response(rid: str, created: int, model: str, text: str, finish_reason: str,
-                  stop_reason, use: dict) -> dict:
+                  stop_reason, use: dict, kv_transfer_params: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "logprobs": None, "finish_reason": finish_reason,
                          "stop_reason": stop_reason}],
-            "usage": use}
+            "usage": use, "kv_transfer_params": kv_transfer_params}
 
 
 def model_list(name: str, root: str, max_model_len: int) -> dict:

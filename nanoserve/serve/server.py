@@ -5,7 +5,10 @@ Flags keep vLLM's names (vllm/engine/arg_utils.py, entrypoints/openai/cli_args.p
 --max-model-len, --max-num-seqs, --max-num-batched-tokens, --block-size,
 --kv-cache-memory-bytes, --[no-]enable-prefix-caching, --[no-]enable-chunked-prefill,
 --served-model-name, --api-key, --chat-template, --max-num-queued-reqs (503 beyond it),
---uvicorn-log-level. nanoserve's own: --device, --num-kv-blocks.
+--uvicorn-log-level, --kv-transfer-config (one half of a disaggregated pair, engine/kv_connector.py).
+nanoserve's own: --device, --num-kv-blocks, --cpu-omp-threads-bind (vLLM's environment variable
+VLLM_CPU_OMP_THREADS_BIND as a flag: the CPUs this instance runs on, one torch thread each), and
+--disaggregated: a prefill instance, a decode instance and the router in front (serve/disagg.py).
 
 The model is loaded and warmed up (one short request, so the first client does not pay for
 first-touch allocation), the engine thread starts, uvicorn serves. SIGTERM or Ctrl-C: uvicorn
@@ -17,7 +20,6 @@ close, the engine thread is joined and the port is released.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import sys
@@ -30,6 +32,7 @@ from nanoserve.sampling_params import SamplingParams
 from nanoserve.serve.app import build_app
 from nanoserve.serve.async_engine import AsyncEngine
 from nanoserve.serve.chat_template import load_chat_template
+from nanoserve.serve.launch import bind_cpus, is_loopback
 from nanoserve.serve.metrics import ServerMetrics
 from nanoserve.serve.serving import OpenAIServing
 
@@ -63,20 +66,19 @@ def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     help="seconds open connections get to close after SIGTERM")
     ap.add_argument("--uvicorn-log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
+    ap.add_argument("--kv-transfer-config", default=None, help="JSON of vLLM's KVTransferConfig, "
+                    'e.g. \'{"kv_connector": "SharedMemoryConnector", "kv_role": "kv_producer"}\'')
+    ap.add_argument("--cpu-omp-threads-bind", default=None, help="CPUs to run on, e.g. 0 or 0-3 or "
+                    "0,2: one torch thread each, pinned where the OS allows (default: all)")
+    ap.add_argument("--disaggregated", action="store_true", help="start a prefill and a decode "
+                    "instance of MODEL and serve the router in front of them; `serve --disaggregated "
+                    "--help` lists its own flags")
     return ap
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def build(args):
     """-> (FastAPI app, AsyncEngine) for parsed args; the engine thread is not started yet."""
+    bind_cpus(args.cpu_omp_threads_bind)
     config = EngineConfig(
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory=args.kv_cache_memory_bytes, max_num_seqs=args.max_num_seqs,
@@ -85,7 +87,7 @@ def build(args):
         enable_prefix_caching=args.enable_prefix_caching,
         record_trace=False)  # a server runs for days: no per-step trace
     engine = LLMEngine(args.model, args.device, None if args.dtype == "auto" else args.dtype,
-                       args.seed, config)
+                       args.seed, config, kv_transfer_config=args.kv_transfer_config)
     _warm_up(engine)
     folder = args.model if args.model and os.path.isdir(args.model) else None
     if args.model is None and os.path.isfile(os.path.join(DEMO_MODEL_DIR, "config.json")):
@@ -120,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m nanoserve serve ...`"""
     import uvicorn
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--disaggregated" in argv:
+        from nanoserve.serve.disagg import main as disaggregated_main
+        return disaggregated_main(argv)
     args = add_cli_args(argparse.ArgumentParser(prog="nanoserve serve", description=__doc__)).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not is_loopback(args.host) and not args.api_key:

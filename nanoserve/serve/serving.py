@@ -8,6 +8,14 @@ any byte of the response if the engine rejects it), then either streams as Serve
 begun (shutdown, a failing step) gets one `data: {"error": ...}` chunk and `data: [DONE]`, as
 vLLM sends them. Finish reasons are OpenAI's: "length", or "stop" for EOS, a stop token (whose id
 is `stop_reason`) or a stop string (`stop_reason` = the string, the request aborted in the engine).
+
+Disaggregated prefill/decode (vLLM's kv_transfer_params, engine/kv_connector.py): a request with
+{"do_remote_decode": true} (stream=false, max_tokens=1: what the router sends a prefill instance)
+answers with its first token's text, held back where the text may still change (half a
+character, the start of a stop string) since the request goes on elsewhere, and the
+kv_transfer_params a decode instance needs. A request with those params continues on a decode
+instance: its text and chunks start after the prefill instance's token (the router sent that one),
+a chat stream without a second role chunk; usage counts every output token.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import weakref
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from nanoserve.engine.kv_connector import release_kv_transfer
 from nanoserve.sampling_params import SamplingParams
 from nanoserve.serve import protocol as p
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, ServerBusy
@@ -89,9 +98,9 @@ class OpenAIServing:
         except ValueError as e:
             raise p.APIError.invalid(e) from e
 
-    async def submit(self, ids: list[int], params: SamplingParams):
+    async def submit(self, ids: list[int], params: SamplingParams, kv_transfer_params=None):
         try:
-            return await self.engine.generate(ids, params)
+            return await self.engine.generate(ids, params, kv_transfer_params=kv_transfer_params)
         except ValueError as e:
             raise p.APIError.invalid(e, "prompt") from e
         except ServerBusy as e:
@@ -104,7 +113,8 @@ class OpenAIServing:
         async for o in stream:
             if o.finish_reason in ("error", "abort"):
                 raise RequestError(getattr(o, "error", None) or f"the request was {o.finish_reason}ed")
-            delta = text.update(o.new_token_ids, o.finished)
+            # a hand-off goes on elsewhere: hold back what the next tokens may still change
+            delta = text.update(o.new_token_ids, o.finished and stream.kv_transfer_params is None)
             if text.stop_reason is not None:  # a stop string: done here, free the engine's blocks
                 stream.close()
                 yield delta, "stop", text.stop_reason, len(o.token_ids)
@@ -137,23 +147,34 @@ async def _unless_disconnected(raw: Request, coro):
 async def respond(serving: OpenAIServing, raw: Request, req: p.SamplingRequest, ids: list[int],
                   max_tokens: int | None, chat: bool):
     """Validate, submit, then stream or collect. Raises APIError before any byte is sent."""
+    kv = req.kv_transfer_params or {}
+    if kv.get("do_remote_decode") and req.stream:
+        raise p.APIError(400, "kv_transfer_params.do_remote_decode needs stream=false: the hand-off "
+                              "comes back in the response", "stream")
     params = serving.sampling_params(req, max_tokens, len(ids))
-    stream = await serving.submit(ids, params)
+    stream = await serving.submit(ids, params, req.kv_transfer_params)
     rid, created, model = p.request_id("chatcmpl" if chat else "cmpl"), int(time.time()), serving.model_name
     text = TextStream(serving.decode, req.stop_strings(), req.include_stop_str_in_output)
+    if kv.get("do_remote_prefill"):  # the engine accepted them: the router sent their text
+        text.update(kv["output_token_ids"], False)
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        body = _sse(serving, stream, text, rid, created, model, len(ids), chat, usage)
+        body = _sse(serving, stream, text, rid, created, model, len(ids), chat, usage,
+                    role_chunk=not kv.get("do_remote_prefill"))
         # a generator never started (the client left at once) runs no `finally`: close on collection
         weakref.finalize(body, stream.close)
         return StreamingResponse(body, media_type="text/event-stream")
     result = await _unless_disconnected(raw, _collect(serving, stream, text))
+    handoff = stream.kv_transfer_params
+    if result is None or (handoff is not None and result[1] != "length"):
+        release_kv_transfer(handoff)  # nobody will decode it (client gone, a stop string)
+        handoff = None
     if result is None:  # the client is gone; nobody reads this
         return JSONResponse(p.error_body("client disconnected", 400), 400)
     parts, reason, stop_reason, n_out = result
     build = p.chat_response if chat else p.completion_response
     return JSONResponse(build(rid, created, model, "".join(parts), reason, stop_reason,
-                              p.usage(len(ids), n_out)))
+                              p.usage(len(ids), n_out), handoff))
 
 
 async def _collect(serving, stream, text):
@@ -173,8 +194,9 @@ def _data(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def _sse(serving, stream, text, rid, created, model, n_prompt, chat, include_usage):
-    n_out, first = 0, True
+async def _sse(serving, stream, text, rid, created, model, n_prompt, chat, include_usage,
+               role_chunk=True):
+    n_out, first = 0, role_chunk
     try:
         async for delta, reason, stop_reason, n_out in serving.events(stream, text):
             if chat:
