@@ -56,9 +56,10 @@ def test_device_label(llm, ceilings):
 def test_two_phase_figures(llm, ceilings):
     run = ex.two_phases(llm, 32, 5)
     check(figures.plot_phase_steps(run, llm))
-    floors = ex.decode_floors(llm, ceilings, 1, run.decode_contexts)
-    fig = figures.plot_decode_vs_floor(run, floors, llm)
-    assert UNIT.search(fig.axes[0].get_ylabel())
+    ctx = ex.decode_context_sweep(llm, (16, 64, 256), steps=2, reps=2, progress=False)
+    floors = ex.decode_floors(llm, ceilings, 1, [p.context_len for p in ctx])
+    fig = figures.plot_decode_context(ctx, floors, llm)
+    assert UNIT.search(fig.axes[0].get_ylabel()) and UNIT.search(fig.axes[0].get_xlabel())
     check(fig)
     sweep = ex.prefill_sweep(llm, (16, 32, 64, 128), reps=1, progress=False)
     fit = ex.fit_prefill([p.length for p in sweep], [p.seconds for p in sweep])
@@ -87,6 +88,12 @@ def test_batched_decode_figures(llm, ceilings):
     small, big, target = ex.itl_target(points)
     check(figures.plot_goodput(ex.goodput_points(points, target), {"tpot": target}, llm, x="batch"))
     check(roofline.plot_roofline(ceilings, "float32", ex.decode_points(llm, points)))
+    prefill = ex.prefill_batch_sweep(llm, (1, 2, 4), prompt_len=16, reps=1, progress=False)
+    fig = figures.plot_batching_gain(points, prefill, llm)
+    assert len(fig.axes) == 2 and all(UNIT.search(a.get_xlabel()) for a in fig.axes)
+    gain = {line.get_label(): line.get_ydata() for line in fig.axes[1].get_lines()}
+    assert gain["decode: n sequences, one token each"][0] == gain["prefill: n prompts of 16 tokens"][0] == 1
+    check(fig)
 
 
 def test_policy_figures(llm):

@@ -54,6 +54,17 @@ def test_linear_sweep_moves_right_with_the_batch():
     assert table.rows[0]["roofline GFLOP/s"] == pytest.approx(25 * points[0].intensity, rel=0.01)
 
 
+def test_weight_read_table_times_each_dtype_at_batch_one():
+    rows = ex.weight_read_table(fake_ceilings(bw=20e9), 256).rows
+    assert [r["dtype"] for r in rows] == ["float32", "bfloat16"]
+    for r in rows:  # bytes of the batch-1 product over its time, and that over the fp32 slope
+        assert r["weight-read GB/s"] > 0
+        assert float(r["vs the roofline's slope"].rstrip("%")) == pytest.approx(
+            100 * r["weight-read GB/s"] / 20, abs=0.5)
+        assert r["weight-read GB/s"] == pytest.approx((256 * 256 + 2 * 256) * {"float32": 4, "bfloat16": 2}[
+            r["dtype"]] / (r["ms"] / 1e3) / 1e9)
+
+
 # --- 01 ---------------------------------------------------------------------------------------
 
 def test_two_phases_is_one_prefill_then_decodes(llm):
@@ -109,6 +120,20 @@ def test_counted_prefill_flops_of_llama_3_8b():
     assert rows[0]["linear GFLOP"] == round(cost.flops["linear"] / 1e9, 1)
 
 
+def test_decode_context_sweep(llm):
+    points = ex.decode_context_sweep(llm, (256, 16, 64), steps=3, reps=2, progress=False)
+    assert [p.prompt_len for p in points] == [16, 64, 256]
+    assert [p.context_len for p in points] == [18, 66, 258]  # the middle of 3 decode steps
+    assert all(len(p.times) == 2 and p.step_seconds > 0 for p in points)
+    floors = ex.decode_floors(llm, fake_ceilings(), 1, [p.context_len for p in points])
+    rows = ex.decode_context_table(points, floors).rows
+    assert [r["context tokens"] for r in rows] == [18, 66, 258]
+    assert rows[0]["step vs first"] == "1.00x" and rows[0]["floor vs first"] == "1.00x"
+    assert float(rows[2]["floor vs first"].rstrip("x")) > 1  # more KV to read
+    with pytest.raises(ValueError, match="max_model_len"):
+        ex.decode_context_sweep(llm, (4090,), steps=8, reps=1, progress=False)
+
+
 def test_decode_floors_and_roofline_points(llm):
     floors = ex.decode_floors(llm, fake_ceilings(), 1, [16, 1024, 4096])
     assert floors[0] < floors[1] < floors[2]  # more KV to read
@@ -125,7 +150,9 @@ def test_generation_with_and_without_cache_agree(llm):
     a = ex.generate_with_cache(llm, prompt, 8)
     b = ex.generate_without_cache(llm, prompt, 8, progress=False)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 8
-    assert len(a.seconds) == len(b.seconds) == 8 and a.total > 0 and b.total > 0
+    assert a.positions == list(range(8)) and len(a.seconds) == 8
+    assert b.positions == [0, 4, 7] and len(b.seconds) == 3  # every 4th token and the last, timed
+    assert a.total > 0 and b.total > 0
     rows = ex.cache_table(llm, len(prompt), a, b).rows
     assert rows[2]["GFLOP (counted)"] > 2  # recomputing does several times the work
 
@@ -136,7 +163,7 @@ def test_kv_bytes_formula():
     rows = {r["model"]: r for r in ex.kv_budget_table(("llama-3-8b",)).rows}
     row = rows["llama-3-8b"]
     assert row["KiB/token"] == 128 and row["MiB/request (4096)"] == 512
-    assert row["requests/GPU"] == int((72e9 - preset_config("llama-3-8b").num_params() * 2)
+    assert row["requests/GPU"] == int((0.92 * 80e9 - preset_config("llama-3-8b").num_params() * 2)
                                       // 131072) // 4096
 
 
@@ -178,6 +205,21 @@ def test_decode_batch_sweep(llm):
     assert [p[0] for p in ex.decode_points(llm, points)] == ["B=1", "B=2", "B=4"]
     with pytest.raises(ValueError, match="max_num_seqs|KV|blocks|exceeds"):
         ex.decode_batch_sweep(llm, (4096,), context_len=16, steps=1, progress=False)
+
+
+def test_prefill_batch_sweep_and_the_gain_table(llm):
+    points = ex.prefill_batch_sweep(llm, (4, 1, 2), prompt_len=32, reps=2, progress=False)
+    assert [p.num_prompts for p in points] == [1, 2, 4]
+    assert all(len(p.times) == 2 and p.prompt_len == 32 for p in points)
+    assert all(p.tokens_per_s == pytest.approx(p.num_prompts * 32 / p.step_seconds) for p in points)
+    decode = ex.decode_batch_sweep(llm, (1, 2, 8), context_len=16, steps=3, progress=False)
+    rows = ex.batching_gain_table(decode, points).rows
+    assert [r["sequences in the step"] for r in rows] == [1, 2, 4, 8]
+    assert rows[0]["decode gain"] == rows[0]["prefill gain"] == "1.0x"
+    assert rows[2]["decode gain"] == "" and rows[3]["prefill gain"] == ""  # measured by one side only
+    assert rows[1]["decode tokens/s"] == pytest.approx(2 / decode[1].step_seconds)
+    with pytest.raises(ValueError, match="KV blocks"):
+        ex.prefill_batch_sweep(llm, (16,), prompt_len=4000, reps=1, progress=False)
 
 
 def fake_point(batch, tokens_per_s, tpot_s):

@@ -56,7 +56,9 @@ def test_dry_run_reports_every_section_with_units(tmp_path):
     # HF's continuous batching is a moving target across transformers versions: allowed to fail
     assert set(not_ok) <= {"hf_continuous"}, not_ok
     kt = secs["kernel_tests"]["figures"]
-    assert kt["passed"]["value"] > 0 and kt["failed"]["value"] == kt["errors"]["value"] == 0
+    assert kt["failed"]["value"] == kt["errors"]["value"] == 0
+    # without triton (macOS, Windows: `make test-no-triton`) the Triton kernel tests skip
+    assert kt["passed"]["value"] > 0 or importlib.util.find_spec("triton") is None
     assert secs["equivalence"]["figures"]["greedy_equal"]["value"] is True
     for sec in ("nanoserve_decode", "nanoserve_eager_decode", "hf_decode"):
         assert secs[sec]["figures"]["decode_B1_tokens_per_s"]["value"] > 0

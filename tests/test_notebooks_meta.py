@@ -93,3 +93,21 @@ def test_a_deck_builds():
     slides = sum(c.metadata["slideshow"]["slide_type"] == "slide" for c in nb.cells)
     assert "reveal" in html.lower()
     assert html.count("<section") >= slides
+
+
+def test_every_slide_has_speaker_notes(nb_path):
+    """Every slide and subslide of a workshop lesson ends with a "notes" cell (reveal.js speaker
+    notes): what to say, what the audience should see on screen, and the minutes it takes."""
+    from nanoserve.course.lessons import WORKSHOP_LESSONS
+    if nb_path.name[:2] not in WORKSHOP_LESSONS:
+        pytest.skip(f"{nb_path.name} is not in the workshop yet (course.lessons.WORKSHOP_LESSONS)")
+    cells = load(nb_path).cells
+    kinds = [c.metadata["slideshow"]["slide_type"] for c in cells]
+    starts = [i for i, k in enumerate(kinds) if k in ("slide", "subslide")]
+    for s, e in zip(starts, starts[1:] + [len(cells)]):
+        notes = [cells[i].source for i in range(s, e) if kinds[i] == "notes"]
+        assert notes, f"{nb_path.name}: the slide starting at cell {s} has no speaker notes"
+        text = "\n".join(notes)
+        assert re.search(r"\*\*Say\*\* \((\d+) min\)", text) and "**On screen:**" in text, (
+            f"{nb_path.name} cell {s}: notes say what to say (**Say** (N min): ...) and what is "
+            f"**On screen:**; got {text[:80]!r}")

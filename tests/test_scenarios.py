@@ -5,6 +5,7 @@ Every function a lesson calls runs here once on preset:tiny. Assertions are abou
 timings, which a busy CI machine can't promise.
 """
 
+import math
 
 import pytest
 
@@ -52,6 +53,7 @@ def test_prefix_caching_compare_and_demo(llm):
     demo = S.shared_prompt_demo(llm, "system prompt " * 4, ["first?", "second?"], max_tokens=2)
     rows = demo.rows
     assert rows[0]["from cache"] == 0 and rows[1]["from cache"] > 0
+    assert [r["same tokens, cache off"] for r in rows] == ["yes", "yes"]  # run both ways, compared
 
 
 def test_eviction_sweep_eats_the_prefix_only_past_the_free_room(llm):
@@ -87,6 +89,14 @@ def test_workload_shift_and_stratification(llm):
     assert [r["run"] for r in table.rows] == ["before", "after"]
     strat = S.stratified_table(weeks, "e2e", buckets=(1, 8, 32))
     assert sum(r["before: n"] for r in strat.rows) == 6 and sum(r["after: n"] for r in strat.rows) == 6
+    assert S.length_buckets(24) == (1, 12, 24, 48)
+    by_input = S.stratified_table(weeks, "ttft", buckets=S.length_buckets(24), by="input")
+    assert list(by_input.rows[0])[0] == "input tokens" and by_input.title.endswith("by input length")
+    for name, r in weeks.items():  # each request lands in the bucket of its prompt's length
+        counts = [row[f"{name}: n"] for row in by_input.rows]
+        lens = [len(o.prompt_token_ids) for o in r.outputs]
+        edges = [1, 12, 24, 48, 10**9]
+        assert counts == [sum(lo <= n < hi for n in lens) for lo, hi in zip(edges, edges[1:])]
 
 
 def test_rate_sweeps_measured_and_modelled(llm, device_model):
@@ -114,7 +124,16 @@ def test_cost_runs_and_tables(llm):
     slo = S.tpot_slo(llm, 32)
     evals = S.evaluate_caps(runs, price, slo)
     assert [e.label for e in evals] == ["1", "4"]
-    assert len(S.cost_rows(runs, price, slo).rows) == 2
+    for e in evals:  # vLLM's request goodput, and the device's price per request within the SLO
+        assert e.metrics.goodput == pytest.approx(e.metrics.good_requests / e.metrics.duration)
+        assert e.usd_per_1k_requests == pytest.approx(1e3 * price / 3600 / e.metrics.request_throughput)
+        assert e.usd_per_1k_good == (pytest.approx(1e3 * price / 3600 / e.metrics.goodput)
+                                     if e.metrics.good_requests else math.inf)
+        assert e.usd_per_1k_good >= e.usd_per_1k_requests
+    none = S.evaluate_caps(runs, price, {"tpot": 1e-9})
+    assert all(e.metrics.goodput == 0 and e.usd_per_1k_good == math.inf for e in none)
+    rows = S.cost_rows(runs, price, slo).rows
+    assert len(rows) == 2 and [r["$/1k within SLO"] for r in rows] == [e.usd_per_1k_good for e in evals]
     providers = S.provider_table(report.output_input_ratio)
     assert providers.rows[-1]["who"] == "this device (measured)"
     assert all("list price" in r["source"] for r in providers.rows[:-1])

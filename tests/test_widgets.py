@@ -87,6 +87,9 @@ def test_measuring_figures(llm, device_model):
     titled(W.plot_request_anatomy(weeks["before"]))
     titled(W.plot_metric_distributions(weeks["before"]))
     titled(W.plot_stratified(weeks, "tpot", buckets=(1, 8, 32)))
+    fig = W.plot_stratified(weeks, "ttft", buckets=S.length_buckets(24), by="input")
+    titled(fig)
+    assert fig.axes[0].get_xlabel() == "input length bucket (tokens)"
     make = S.chat_maker(llm, 4, 24, 4)
     slo = {"ttft": 1.0, "tpot": 1.0}
     measured = S.rate_sweep(llm, [20.0], make, slo, progress=False)
@@ -105,9 +108,13 @@ def test_dashboard_compute_measure_plot_and_widget(llm, device_model):
         assert len(d["ttft_ms"]) == 4 and np.all(np.diff(d["ttft_ms"]) >= 0)
         assert 0 <= d["attainment"] <= 1
     assert modelled["label"].startswith("modelled") and measured["label"].startswith("measured on")
-    _, axes = plt.subplots(1, 2)
+    _, axes = plt.subplots(1, 3)
     W.plot_dashboard(modelled, axes, measured)
     titled(axes[0].figure)
+    slo_lines = [[line.get_label() for line in ax.get_lines() if line.get_label().startswith("SLO")]
+                 for ax in axes]  # each limit on the axis of the quantity it limits
+    assert slo_lines == [["SLO TTFT 500 ms"], ["SLO TPOT 100 ms"], []], slo_lines
+    assert [ax.get_xlabel() for ax in axes] == ["TTFT (ms, log)", "TPOT (ms, log)", "ITL (ms, log)"]
     box = W.serving_dashboard(device_model, llm, make, slo, max_rate=30.0)
     (_, seqs, budget), (button, status) = box.children[0].children, box.children[1].children
     seqs.value = 2
@@ -131,7 +138,14 @@ def test_cost_figures_and_explorer(llm):
     box.children[0].value = 3.0
     slo = S.tpot_slo(llm, 32, factor=100.0)
     evals = S.evaluate_caps(runs, 1.0, slo)
-    titled(W.plot_cost_at_slo(evals, slo, runs[4].device_label))
+    fig = W.plot_cost_at_slo(runs, evals, slo)
+    titled(fig)
+    assert [line.get_label() for line in fig.axes[0].get_lines() if line.get_label().startswith("SLO")] \
+        == [f"SLO: each request's TPOT <= {1e3 * slo['tpot']:g} ms"]
+    none = S.evaluate_caps(runs, 1.0, {"tpot": 1e-9})  # nobody within it: no cost per good request
+    titled(W.plot_cost_at_slo(runs, none, {"tpot": 1e-9}))
+    with pytest.raises(ValueError, match="don't match"):
+        W.plot_cost_at_slo(runs, evals[:1], slo)
 
 
 def test_disaggregation_view_and_explorer():
@@ -142,6 +156,14 @@ def test_disaggregation_view_and_explorer():
         assert len(d["goodput"]) == 2 and all(g <= t + 1e-9 for g, t in zip(d["goodput"], d["throughput"]))
     strict = W.compute_disagg_view(study, 1, 50e9, 400, 1)
     assert all(g == 0 for d in strict["layouts"].values() for g in d["goodput"])  # 1 ms ITL: nobody
+    # the ITL panel plots what the SLO limits: at an SLO equal to the plotted value, 90% meet it
+    # (less one request: numpy interpolates between two requests' values)
+    from nanoserve.measure.metrics import compute_metrics
+    runs = {"colocated": study.colocated(), "disaggregated": study.disaggregated(1, 50e9)}
+    for (name, d), results in zip(data["layouts"].items(), runs.values()):
+        for value_ms, res in zip(d["request_itl_p99_p90"], results):
+            m = compute_metrics(res.outputs, slo={"itl_p99": value_ms / 1e3})
+            assert 0.9 - 1 / len(res.outputs) <= m.slo_attainment <= 1, (name, value_ms, m.slo_attainment)
     _, axes = plt.subplots(1, 3)
     W.plot_disagg_view(data, axes)
     titled(axes[0].figure)

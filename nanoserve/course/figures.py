@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from nanoserve.course.annotate import mark_outliers
+from nanoserve.course.annotate import titled as _titled
+from nanoserve.course.figures_policies import plot_batch_occupancy, plot_policies, plot_timelines
 from nanoserve.course.setup import slo_text
 from nanoserve.measure.figures import (
     DECODE_COLOR,
@@ -15,12 +18,11 @@ from nanoserve.measure.figures import (
     PREFILL_COLOR,
     device_label,
     get_axes,
-    plot_timeline,
 )
 
-
-def _titled(ax, what: str, label) -> None:
-    ax.set_title(f"{what}\n{device_label(label)}", fontsize=10)
+__all__ = ["plot_batch_occupancy", "plot_batching_gain", "plot_block_map", "plot_cache_comparison",
+           "plot_decode_batch", "plot_decode_context", "plot_fragmentation", "plot_goodput",
+           "plot_phase_steps", "plot_policies", "plot_prefill_fit", "plot_timelines"]
 
 
 def plot_phase_steps(run, label, ax=None):
@@ -39,9 +41,10 @@ def plot_phase_steps(run, label, ax=None):
     return ax.figure
 
 
-def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000):
-    """Left: measured prefill times with the fit split into its linear and quadratic parts.
-    Right: the same on log axes, the fit carried out to `extrapolate_to` tokens (dashed)."""
+def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=None):
+    """Left: measured prefill times with the fit split into its linear and quadratic parts
+    (reference: (label, [(length, seconds)]) of another machine, grey squares). Right: the same
+    on log axes, the fit carried out to `extrapolate_to` tokens (dashed)."""
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     L = np.array([p.length for p in points])
@@ -54,6 +57,9 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000):
     a.fill_between(x, lin, lin + fit.per_token2 * x * x, color="tab:red", alpha=0.25,
                    label="fit: quadratic part (attention)")
     a.errorbar(L, t, yerr=[lo, hi], fmt="ko", ms=4, capsize=2, label="measured (median, min-max)")
+    mark_outliers(a, L, t)
+    if reference is not None:
+        a.plot(*zip(*reference[1]), "s", color="0.6", ms=4, label=f"reference: {reference[0]}")
     a.set_xlabel("prompt length (tokens)")
     a.set_ylabel("prefill time (s)")
     a.legend(fontsize=8)
@@ -77,34 +83,25 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000):
     return fig
 
 
-def plot_decode_vs_floor(run, floors, label, ax=None):
-    """Each decode step of one request against the roofline floor at its context length."""
+def plot_cache_comparison(with_cache, without, prompt_len: int, label, ax=None, reference=None):
+    """Time of each generated token with a KV cache and when everything is recomputed (medians
+    over repeats; points far off their neighbours ringed). reference: course.reference's
+    (label, {"with": [(position, seconds)], "without": [...]}) of another machine, in grey."""
     ax = get_axes(ax)
-    ctx = [c for c, k in zip(run.contexts, run.kinds) if k == "decode"]
-    ax.plot(ctx, [1e3 * s for s in run.decode_seconds], "o", color=DECODE_COLOR,
-            label="measured decode step")
-    ax.plot(ctx, [1e3 * f for f in floors], "k--",
-            label="roofline floor: bytes / bandwidth (modelled from the measured ceiling)")
-    ax.set_ylim(0, None)
-    ax.set_xlabel("context length (tokens in the KV cache)")
-    ax.set_ylabel("decode step time (ms)")
-    ax.legend(fontsize=8, loc="lower right")
-    ax.grid(True, alpha=0.3)
-    _titled(ax, "Decode at batch 1 against its floor", label)
-    return ax.figure
-
-
-def plot_cache_comparison(with_cache, without, prompt_len: int, label, ax=None):
-    """Time of each generated token with a KV cache and when everything is recomputed."""
-    ax = get_axes(ax)
-    pos = np.arange(len(with_cache.seconds)) + prompt_len
-    ax.plot(pos, [1e3 * s for s in without.seconds], "o-", ms=3, color="tab:red",
-            label=f"recompute everything: total {without.total:.2f} s")
-    ax.plot(pos, [1e3 * s for s in with_cache.seconds], "o-", ms=3, color=DECODE_COLOR,
-            label=f"with KV cache: total {with_cache.total:.2f} s")
+    for run, color, name in ((without, "tab:red", "recompute everything"), (with_cache, DECODE_COLOR,
+                                                                           "with KV cache")):
+        x = [prompt_len + i for i in run.positions]
+        y = [1e3 * s for s in run.seconds]
+        ax.plot(x, y, "o-", ms=3, color=color, label=f"{name}: total {run.total:.2f} s")
+        mark_outliers(ax, x, y)
+    if reference is not None:
+        name, ref = reference
+        for key in ("without", "with"):
+            ax.plot([prompt_len + i for i, _ in ref[key]], [1e3 * s for _, s in ref[key]], ":", color="0.55",
+                    label=f"reference ({name})" if key == "with" else None)
     ax.set_yscale("log")
     ax.set_xlabel("tokens in the sequence before this one")
-    ax.set_ylabel("time for this token (ms, log scale)")
+    ax.set_ylabel("time for this token (ms, log scale; median of repeats)")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     _titled(ax, "Generating with and without a KV cache", label)
@@ -163,9 +160,10 @@ def plot_block_map(run, label, ax=None):
     return ax.figure
 
 
-def plot_decode_batch(points, floors, label, critical_batch: float | None = None):
+def plot_decode_batch(points, floors, label, critical_batch: float | None = None, reference=None):
     """Left: decode throughput against batch size. Right: ITL against batch size, with the
-    roofline floor of a step. Log-2 batch axis; the critical batch as a vertical line."""
+    roofline floor of a step. Log-2 batch axis; the critical batch as a vertical line; points far
+    off their neighbours ringed. reference: (label, [(batch, ITL seconds)]) of another machine."""
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     B = [p.batch for p in points]
@@ -174,6 +172,14 @@ def plot_decode_batch(points, floors, label, critical_batch: float | None = None
            label="if batching were free (batch 1 x B)")
     b.plot(B, [1e3 * p.itl_seconds for p in points], "o-", color=DECODE_COLOR, label="measured ITL (median)")
     b.plot(B, [1e3 * f for f in floors], "k--", label="roofline floor of a step (modelled)")
+    mark_outliers(a, B, [p.tokens_per_s for p in points])
+    mark_outliers(b, B, [1e3 * p.itl_seconds for p in points])
+    if reference is not None:
+        name, ref = reference
+        a.plot([r[0] for r in ref], [r[0] / r[1] for r in ref], "s:", color="0.6", ms=4,
+               label=f"reference: {name}")
+        b.plot([r[0] for r in ref], [1e3 * r[1] for r in ref], "s:", color="0.6", ms=4,
+               label=f"reference: {name}")
     for ax in (a, b):
         if critical_batch is not None:
             ax.axvline(critical_batch, color="tab:red", ls=":",
@@ -189,6 +195,62 @@ def plot_decode_batch(points, floors, label, critical_batch: float | None = None
     _titled(a, "Throughput grows with the batch...", label)
     _titled(b, "...while each token waits a little longer", label)
     return fig
+
+
+def plot_batching_gain(decode, prefill, label):
+    """Tokens/s of one step against the sequences in it, decode beside prefill. Left: tokens/s
+    (log). Right: each as a multiple of one sequence, with the "free batching" line n x."""
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    dn = [p.batch for p in decode]
+    dt = [p.batch / p.step_seconds for p in decode]
+    pn = [p.num_prompts for p in prefill]
+    pt = [p.tokens_per_s for p in prefill]
+    for ax, d, q in ((a, dt, pt), (b, [v / dt[0] for v in dt], [v / pt[0] for v in pt])):
+        ax.plot(dn, d, "o-", color=DECODE_COLOR, label="decode: n sequences, one token each")
+        ax.plot(pn, q, "s-", color=PREFILL_COLOR,
+                label=f"prefill: n prompts of {prefill[0].prompt_len} tokens")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequences in the step, n (log scale)")
+        ax.grid(True, which="both", alpha=0.3)
+    mark_outliers(a, dn, dt)
+    mark_outliers(a, pn, pt)
+    top = max(dn + pn)
+    b.plot([1, top], [1, top], ":", color="grey", label="if batching were free (n x)")
+    a.set_yscale("log")
+    a.set_ylabel("tokens/s of the step (log scale)")
+    b.set_ylabel("tokens/s, as a multiple of n = 1")
+    b.set_yscale("log", base=2)
+    for ax in (a, b):
+        ax.legend(fontsize=8)
+    _titled(a, "Tokens per second of one step", label)
+    _titled(b, "What batching gains each phase", label)
+    return fig
+
+
+def plot_decode_context(points, floors, label, ax=None, reference=None):
+    """Median decode step time (batch 1) against context length, with the roofline floor; points
+    far off their neighbours ringed. reference: (label, [(context, seconds)]) of another machine."""
+    ax = get_axes(ax)
+    ctx = [p.context_len for p in points]
+    lo = [1e3 * (p.step_seconds - min(p.times)) for p in points]
+    hi = [1e3 * (max(p.times) - p.step_seconds) for p in points]
+    ax.errorbar(ctx, [1e3 * p.step_seconds for p in points], yerr=[lo, hi], fmt="o-", capsize=2,
+                color=DECODE_COLOR, label="measured decode step (median, min-max over repeats)")
+    ax.plot(ctx, [1e3 * f for f in floors], "k--",
+            label="roofline floor: bytes / bandwidth (modelled from the measured ceiling)")
+    mark_outliers(ax, ctx, [1e3 * p.step_seconds for p in points])
+    if reference is not None:
+        ax.plot([c for c, _ in reference[1]], [1e3 * s for _, s in reference[1]], "s:", color="0.6", ms=4,
+                label=f"reference: {reference[0]}")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, None)
+    ax.set_xlabel("context length (tokens in the KV cache, log scale)")
+    ax.set_ylabel("decode step time (ms)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, which="both", alpha=0.3)
+    _titled(ax, "Decode at batch 1 against context length", label)
+    return ax.figure
 
 
 def plot_goodput(points, slo: dict, label, x: str = "offered", ax=None, modelled=None,
@@ -222,59 +284,4 @@ def plot_goodput(points, slo: dict, label, x: str = "offered", ax=None, modelled
     ax.legend(fontsize=7)
     sub = device_label(label) + (f"\nlines: {modelled_label}" if modelled else "")
     ax.set_title(f"Throughput vs goodput at SLO {slo_text(slo)}\n{sub}", fontsize=10)
-    return ax.figure
-
-
-def plot_timelines(results: dict):
-    """plot_timeline of each result (e.g. each scheduling policy) stacked on one time axis."""
-    import matplotlib.pyplot as plt
-    n = max(len(r.outputs) for r in results.values())
-    fig, axes = plt.subplots(len(results), 1, figsize=(10, len(results) * (0.16 * n + 1.6)),
-                             sharex=True, constrained_layout=True, squeeze=False)
-    for ax, r in zip(axes[:, 0], results.values()):
-        plot_timeline(r, ax)
-    return fig
-
-
-def plot_policies(results: dict):
-    """Throughput and latency of each run side by side (bars; latencies' p50 and p90)."""
-    import matplotlib.pyplot as plt
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(12, 3.6), constrained_layout=True)
-    names = list(results)
-    ms = {k: r.metrics() for k, r in results.items()}
-    colors = [f"C{i}" for i in range(len(names))]
-    a.bar(names, [ms[k].output_throughput for k in names], color=colors)
-    a.set_ylabel("output tokens/s")
-    a.set_title("Throughput", fontsize=10)
-    x = np.arange(len(names))
-    for ax, metric, title in ((b, "ttft", "Time to first token"), (c, "e2e", "End-to-end latency")):
-        s = [getattr(ms[k], metric) for k in names]
-        ax.bar(x - 0.2, [1e3 * v.median for v in s], 0.4, color=colors, label="p50")
-        ax.bar(x + 0.2, [1e3 * v.p90 for v in s], 0.4, color=colors, alpha=0.5, label="p90")
-        ax.set_xticks(x, names)
-        ax.set_ylabel(f"{metric.upper()} (ms)")
-        ax.set_title(title + " (p50, p90 pale)", fontsize=10)
-    for ax in (a, b, c):
-        ax.set_xlabel("scheduling policy")
-        ax.grid(True, axis="y", alpha=0.3)
-    first = next(iter(results.values()))
-    fig.suptitle(f"{first.workload.name}, served {len(names)} ways\n"
-                 f"{device_label(first)}", fontsize=10)
-    return fig
-
-
-def plot_batch_occupancy(results: dict, ax=None):
-    """Sequences in each step against time, one line per run: how full each policy keeps the batch."""
-    ax = get_axes(ax, (9, 3.2))
-    for name, r in results.items():
-        ax.step([s.start - r.start for s in r.trace], [len(s.entries) for s in r.trace], where="post",
-                label=f"{name}: mean {np.mean([len(s.entries) for s in r.trace]):.2f} per step")
-    cap = max(r.config.max_num_seqs for r in results.values())
-    ax.axhline(cap, color="grey", ls=":", label=f"max_num_seqs = {cap}")
-    ax.set_xlabel("time since start (s)")
-    ax.set_ylabel("sequences in the step")
-    ax.legend(fontsize=8)
-    ax.grid(True, alpha=0.3)
-    first = next(iter(results.values()))
-    _titled(ax, "How full the batch is", first)
     return ax.figure

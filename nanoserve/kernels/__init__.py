@@ -2,8 +2,9 @@
 
 `get_ops(device)` returns a namespace of the four kernels a decoder layer calls, rms_norm,
 rotary_embedding, reshape_and_cache and paged_attention, with identical signatures: Triton on
-CUDA, the reference elsewhere; `NANOSERVE_KERNELS=reference|triton` overrides (triton on a CPU
-needs TRITON_INTERPRET=1 set before the first import, and is very slow).
+CUDA when triton is installed (it is Linux-only), the reference elsewhere;
+`NANOSERVE_KERNELS=reference|triton` overrides (triton on a CPU needs TRITON_INTERPRET=1 set
+before the first import, and is very slow).
 
 Plug points (the engine never imports course material; a student's kernel is passed in):
 `kernel_ops(base, paged_attention=mine)` builds a namespace with some kernels replaced, and
@@ -13,6 +14,7 @@ CUDA graphs captured earlier keep the old kernels).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from types import SimpleNamespace
 
@@ -32,7 +34,8 @@ def kernel_backend(device) -> str:
         if choice not in BACKENDS:
             raise ValueError(f"NANOSERVE_KERNELS={choice!r}; allowed: {BACKENDS}")
         return choice
-    return "triton" if str(device).startswith("cuda") else "reference"
+    cuda = str(device).startswith("cuda")
+    return "triton" if cuda and importlib.util.find_spec("triton") is not None else "reference"
 
 
 def get_ops(device):

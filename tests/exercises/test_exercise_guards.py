@@ -12,6 +12,7 @@ The runs of graded tests go through pytest in a subprocess (nanoserve.course.gra
 """
 
 import ast
+import importlib.util
 import re
 from pathlib import Path
 
@@ -128,6 +129,8 @@ def mutant_run():
 def test_mutant_is_caught(mutant_run, mutant):
     cases = [c for c in mutant_run.cases if c.mutant == mutant.stem]
     assert cases, f"no graded test ran against mutant {mutant.stem}:\n{mutant_run.output[-3000:]}"
+    if mutant.name.startswith("ex08") and importlib.util.find_spec("triton") is None:
+        pytest.skip("ex08's graded tests skip without triton: its mutants are checked in `make test`")
     failed = [c for c in cases if c.outcome == "failed"]
     assert failed, (f"mutant {mutant.stem} ({ast.get_docstring(ast.parse(mutant.read_text()))}) "
                     f"passed all {len(cases)} graded tests of {mutant.name[:4]}")

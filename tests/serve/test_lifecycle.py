@@ -52,7 +52,10 @@ def test_backpressure_503_with_retry_after_then_recovery():
         for i in range(2):  # two long requests fill the bound (one runs, one waits)
             threads.append(threading.Thread(target=_read_stream, args=(srv.base_url, outs[i], started[i])))
             threads[-1].start()
-        assert started[0].wait(60)
+        deadline = time.monotonic() + 60  # whichever the engine admitted first streams
+        while not any(e.is_set() for e in started) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(e.is_set() for e in started)
         deadline = time.monotonic() + 30
         while (state := scheduler_state(srv.base_url))[:2] != (1.0, 1.0) and time.monotonic() < deadline:
             time.sleep(0.05)  # until the second one is queued behind the first

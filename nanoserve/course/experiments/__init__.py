@@ -20,7 +20,9 @@ for the device otherwise. Deliberately left out: figures (course.figures), lesso
 from nanoserve.course.experiments.batching import (
     DecodePoint,
     GoodputPoint,
+    PrefillBatchPoint,
     batch_floors,
+    batching_gain_table,
     compare_policies,
     datasheet_critical_batches,
     decode_batch_sweep,
@@ -30,6 +32,7 @@ from nanoserve.course.experiments.batching import (
     goodput_table,
     itl_target,
     policy_table,
+    prefill_batch_sweep,
     scaling_knee,
     serving_workload,
     toy_policy_steps,
@@ -39,6 +42,7 @@ from nanoserve.course.experiments.device import (
     device_ceilings,
     linear_sweep,
     linear_table,
+    weight_read_table,
 )
 from nanoserve.course.experiments.kv import (
     AllocatorCheck,
@@ -53,10 +57,13 @@ from nanoserve.course.experiments.kv import (
     kv_budget_table,
 )
 from nanoserve.course.experiments.phases import (
+    DecodeContextPoint,
     PhaseRun,
     PrefillFit,
     PrefillPoint,
     counted_prefill_flops,
+    decode_context_sweep,
+    decode_context_table,
     decode_floors,
     fit_prefill,
     prefill_outlook,
@@ -66,14 +73,14 @@ from nanoserve.course.experiments.phases import (
 )
 
 __all__ = [
-    "AllocatorCheck", "DecodePoint", "GoodputPoint", "FragmentationRun", "Generation", "LinearPoint",
-    "PhaseRun", "PrefillFit", "PrefillPoint", "batch_floors", "cache_table",
-    "check_kv_allocator", "compare_policies", "counted_prefill_flops", "datasheet_critical_batches",
-    "decode_batch_sweep", "decode_floors", "decode_points", "decode_table",
-    "device_ceilings", "fit_prefill", "fragmentation_run", "fragmentation_workload",
-    "generate_with_cache", "generate_without_cache", "goodput_points", "goodput_table", "itl_target",
-    "kv_budget_table", "linear_sweep",
-    "linear_table", "policy_table", "prefill_outlook", "prefill_sweep",
-    "roofline_points", "scaling_knee", "serving_workload", "toy_policy_steps",
-    "two_phases",
+    "AllocatorCheck", "DecodeContextPoint", "DecodePoint", "FragmentationRun", "Generation",
+    "GoodputPoint", "LinearPoint", "PhaseRun", "PrefillBatchPoint", "PrefillFit", "PrefillPoint",
+    "batch_floors", "batching_gain_table", "cache_table", "check_kv_allocator", "compare_policies",
+    "counted_prefill_flops", "datasheet_critical_batches", "decode_batch_sweep", "decode_context_sweep",
+    "decode_context_table", "decode_floors", "decode_points", "decode_table", "device_ceilings",
+    "fit_prefill", "fragmentation_run", "fragmentation_workload", "generate_with_cache",
+    "generate_without_cache", "goodput_points", "goodput_table", "itl_target", "kv_budget_table",
+    "linear_sweep", "linear_table", "policy_table", "prefill_batch_sweep", "prefill_outlook",
+    "prefill_sweep", "roofline_points", "scaling_knee", "serving_workload", "toy_policy_steps",
+    "two_phases", "weight_read_table",
 ]

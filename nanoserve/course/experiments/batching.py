@@ -1,5 +1,6 @@
-"""Lessons 03 and 04: decode throughput and latency against batch size, goodput at an SLO;
-static against continuous batching on the same arrival workload."""
+"""Lessons 03 and 04: decode throughput and latency against batch size, goodput at an SLO,
+prefill throughput against the number of prompts in a step; static against continuous batching
+on the same arrival workload."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class DecodePoint:
     context_len: int
     step_seconds: float  # median decode-only step (the model and the engine's work)
     itl_seconds: float  # median gap between a request's tokens (what a user sees)
-    outputs: list = field(repr=False, default_factory=list)
+    outputs: list = field(repr=False, default_factory=list)  # the round with the median ITL
 
     @property
     def tokens_per_s(self) -> float:
@@ -37,9 +38,12 @@ class DecodePoint:
 
 
 def decode_batch_sweep(llm, batch_sizes: Sequence[int], context_len: int = 64, steps: int = 12,
-                       seed: int = 0, progress: bool = True) -> list[DecodePoint]:
+                       reps: int = 3, seed: int = 0, progress: bool = True) -> list[DecodePoint]:
     """For each batch size B: B requests with context_len-token prompts decode `steps` tokens
-    together. Step time from decode-only steps of exactly B sequences, ITL from every request."""
+    together. Step time from decode-only steps of exactly B sequences, ITL from every request.
+    After a warm-up, `reps` rounds each run every batch size (so a burst of other work lands in
+    one round, not on one batch size); each point is the median over rounds of each round's
+    median."""
     batch_sizes = sorted(set(int(b) for b in batch_sizes))
     engine = fresh_engine(llm, enable_prefix_caching=False, max_num_seqs=max(batch_sizes),
                           max_num_batched_tokens=max(batch_sizes) * context_len)
@@ -49,17 +53,23 @@ def decode_batch_sweep(llm, batch_sizes: Sequence[int], context_len: int = 64, s
                          f"blocks; the cache has {engine.num_kv_blocks}: load with more num_kv_blocks")
     rng = np.random.default_rng(seed)
     generate(engine, [random_prompt(engine, context_len, rng)], greedy_params(3))  # warm-up
+    rounds: dict[int, list[tuple[float, float, list]]] = {b: [] for b in batch_sizes}
+    with progress_bar(reps * len(batch_sizes), "decode batch sweep", progress) as bar:
+        for _ in range(max(1, reps)):
+            for b in batch_sizes:
+                first = len(engine.trace)
+                outs = generate(engine, [random_prompt(engine, context_len, rng) for _ in range(b)],
+                                greedy_params(steps + 1))
+                recs = [r for r in engine.trace[first:] if not r.num_prefill_tokens]
+                full = [r.duration for r in recs if r.num_decode_tokens == b] or [r.duration for r in recs]
+                gaps = [g for o in outs for g in itls(o)]
+                rounds[b].append((statistics.median(full), statistics.median(gaps), outs))
+                bar.update(1)
     out = []
-    with progress_bar(len(batch_sizes), "decode batch sweep", progress) as bar:
-        for b in batch_sizes:
-            first = len(engine.trace)
-            outs = generate(engine, [random_prompt(engine, context_len, rng) for _ in range(b)],
-                            greedy_params(steps + 1))
-            recs = [r for r in engine.trace[first:] if not r.num_prefill_tokens]
-            full = [r.duration for r in recs if r.num_decode_tokens == b] or [r.duration for r in recs]
-            gaps = [g for o in outs for g in itls(o)]
-            out.append(DecodePoint(b, context_len, statistics.median(full), statistics.median(gaps), outs))
-            bar.update(1)
+    for b, rs in rounds.items():
+        mid = sorted(rs, key=lambda r: r[1])[(len(rs) - 1) // 2]
+        out.append(DecodePoint(b, context_len, statistics.median(r[0] for r in rs),
+                               statistics.median(r[1] for r in rs), mid[2]))
     return out
 
 
@@ -149,6 +159,63 @@ def goodput_table(points: Sequence[DecodePoint], tpot_slo: float) -> Table:
              "median TPOT ms": round(1e3 * g.median_tpot, 2), "meet SLO": f"{g.met}/{g.batch}",
              "goodput requests/s": round(g.goodput, 2)} for g in goodput_points(points, tpot_slo)]
     return Table(rows, f"Goodput at TPOT <= {1e3 * tpot_slo:.2f} ms, measured")
+
+
+@dataclass
+class PrefillBatchPoint:
+    """num_prompts prompts of prompt_len tokens prefilled together in one step."""
+
+    num_prompts: int
+    prompt_len: int
+    times: list[float]  # seconds of that step, one per repetition
+
+    @property
+    def step_seconds(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_prompts * self.prompt_len / self.step_seconds
+
+
+def prefill_batch_sweep(llm, prompt_counts: Sequence[int], prompt_len: int, reps: int = 3,
+                        seed: int = 0, progress: bool = True) -> list[PrefillBatchPoint]:
+    """For each n: n fresh prompts of prompt_len tokens prefilled in one step (no chunking, a
+    budget of exactly n x prompt_len), timed from the engine's trace; repetitions interleave n."""
+    counts = sorted(set(int(n) for n in prompt_counts))
+    engine = fresh_engine(llm, enable_prefix_caching=False, enable_chunked_prefill=False,
+                          max_num_seqs=max(counts), max_num_batched_tokens=max(counts) * prompt_len)
+    need = max(counts) * engine.kv_manager.blocks_needed(prompt_len + 1)
+    if need > engine.num_kv_blocks or prompt_len > engine.max_model_len:
+        raise ValueError(f"{max(counts)} prompts of {prompt_len} tokens need {need} KV blocks (the cache "
+                         f"has {engine.num_kv_blocks}) and max_model_len >= {prompt_len} "
+                         f"({engine.max_model_len}): load with more num_kv_blocks or use shorter prompts")
+    rng = np.random.default_rng(seed)
+    generate(engine, [random_prompt(engine, prompt_len, rng)], greedy_params(1))  # warm-up
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    with progress_bar(reps * len(counts), "prefill batch sweep", progress) as bar:
+        for _ in range(reps):
+            for n in counts:
+                first = len(engine.trace)
+                generate(engine, [random_prompt(engine, prompt_len, rng) for _ in range(n)], greedy_params(1))
+                steps = [r for r in engine.trace[first:] if r.num_prefill_tokens]
+                if len(steps) != 1:
+                    raise RuntimeError(f"{n} prompts took {len(steps)} prefill steps, not one")
+                times[n].append(steps[0].duration)
+                bar.update(1)
+    return [PrefillBatchPoint(n, prompt_len, times[n]) for n in counts]
+
+
+def batching_gain_table(decode: Sequence[DecodePoint], prefill: Sequence[PrefillBatchPoint]) -> Table:
+    """Tokens/s of a step with n sequences, decode beside prefill, and each as a multiple of n = 1."""
+    dec = {p.batch: p.batch / p.step_seconds for p in decode}
+    pre = {p.num_prompts: p.tokens_per_s for p in prefill}
+    rows = [{"sequences in the step": n, "decode tokens/s": dec.get(n, ""),
+             "decode gain": f"{dec[n] / dec[min(dec)]:.1f}x" if n in dec else "",
+             f"prefill tokens/s ({prefill[0].prompt_len}-token prompts)": pre.get(n, ""),
+             "prefill gain": f"{pre[n] / pre[min(pre)]:.1f}x" if n in pre else ""}
+            for n in sorted(set(dec) | set(pre))]
+    return Table(rows, "Batching decode vs batching prefill, one step each, measured", ".0f")
 
 
 # --- 04: continuous batching --------------------------------------------------------------------

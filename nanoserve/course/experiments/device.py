@@ -1,4 +1,5 @@
-"""Lesson 00: this device's ceilings, and a linear layer timed at growing batch against them."""
+"""Lesson 00: this device's ceilings, a linear layer timed at growing batch against them, and the
+batch-1 weight read per dtype (the roofline's slope is the fp32 one)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,18 @@ def linear_table(points: Sequence[LinearPoint], ceilings: roofline.DeviceCeiling
             for p in points]
     p = points[0]
     return Table(rows, f"{p.kernel}, ({p.k} x {p.k}) {p.dtype} weight, measured")
+
+
+def weight_read_table(ceilings: roofline.DeviceCeilings, k: int,
+                      dtypes: Sequence[str] = ("float32", "bfloat16")) -> Table:
+    """The batch-1 weight read of a (k, k) linear layer in each dtype, timed here with the engine's
+    linear, beside the roofline's slope: measure.ceilings times it in fp32 only, and every
+    roofline (bf16 ones included) uses that one slope."""
+    rows = []
+    for dtype in dtypes:
+        p, = linear_sweep(ceilings, [1], k, dtype)
+        rows.append({"dtype": p.dtype, "kernel": p.kernel, "ms": 1e3 * p.seconds,
+                     "weight-read GB/s": p.bytes / p.seconds / 1e9,
+                     "vs the roofline's slope": f"{p.bytes / p.seconds / ceilings.bandwidth:.0%}"})
+    return Table(rows, f"Batch-1 ({k} x {k}) linear layer, measured; the roofline's slope is "
+                       f"{ceilings.bandwidth / 1e9:.1f} GB/s (fp32)")

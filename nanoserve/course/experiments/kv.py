@@ -3,6 +3,7 @@ GPU, checked against the engine's allocator; paged blocks against contiguous res
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -16,40 +17,53 @@ from nanoserve.model.presets import preset_config
 
 @dataclass
 class Generation:
+    """Greedy generation timed token by token. `positions` are the generated tokens timed
+    (0 = the first, whose time includes the prompt's prefill) and `seconds` the median time of
+    each over repeats; `total` is the whole measured generation (the first repeat)."""
+
     token_ids: list[int]
-    seconds: list[float]  # per generated token; the first includes the prompt's prefill
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds)
+    positions: list[int]
+    seconds: list[float]
+    total: float
 
 
-def generate_with_cache(llm, prompt_ids: Sequence[int], max_tokens: int) -> Generation:
-    """Greedy generation the engine's way: prefill once, then one cached decode step per token."""
+def generate_with_cache(llm, prompt_ids: Sequence[int], max_tokens: int, reps: int = 3) -> Generation:
+    """Greedy generation the engine's way: prefill once, then one cached decode step per token.
+    After a warm-up, `reps` runs; each token's time is its median over them."""
     engine = fresh_engine(llm, enable_prefix_caching=False, enable_chunked_prefill=False,
                           max_num_batched_tokens=len(prompt_ids) + max_tokens)
     generate(engine, [list(prompt_ids)], greedy_params(2))  # warm-up
-    o, = generate(engine, [list(prompt_ids)], greedy_params(max_tokens))
-    return Generation(list(o.token_ids), [prefill_time(o), *itls(o)])
+    runs = [generate(engine, [list(prompt_ids)], greedy_params(max_tokens))[0] for _ in range(max(1, reps))]
+    times = [[prefill_time(o), *itls(o)] for o in runs]
+    return Generation(list(runs[0].token_ids), list(range(max_tokens)),
+                      [statistics.median(t) for t in zip(*times)], sum(times[0]))
 
 
-def generate_without_cache(llm, prompt_ids: Sequence[int], max_tokens: int,
+def generate_without_cache(llm, prompt_ids: Sequence[int], max_tokens: int, reps: int = 3, every: int = 4,
                            progress: bool = True) -> Generation:
     """Greedy generation with no KV cache kept between tokens: every token recomputes the whole
-    sequence so far (a fresh one-step prefill of prompt + generated tokens)."""
+    sequence so far (a fresh one-step prefill of prompt + generated tokens), timed once in full
+    (the total). Every `every`-th token (and the last) is timed `reps` times in all, on the same
+    sequence, and the median kept: the recompute is the expensive path, so repeating it at every
+    token would cost `reps` times as much for the same curve."""
     ids = list(prompt_ids)
     engine = fresh_engine(llm, enable_prefix_caching=False, enable_chunked_prefill=False,
                           max_num_batched_tokens=len(ids) + max_tokens)
     generate(engine, [ids], greedy_params(1))  # warm-up
-    out, secs = [], []
+    out, positions, secs, total = [], [], [], 0.0
     with progress_bar(max_tokens, "recompute every token", progress) as bar:
-        for _ in range(max_tokens):
+        for i in range(max_tokens):
             o, = generate(engine, [ids], greedy_params(1))
+            times = [prefill_time(o)]
+            total += times[0]
+            if i % every == 0 or i == max_tokens - 1:
+                times += [prefill_time(generate(engine, [ids], greedy_params(1))[0]) for _ in range(reps - 1)]
+                positions.append(i)
+                secs.append(statistics.median(times))
             out.append(o.token_ids[0])
-            secs.append(prefill_time(o))
             ids.append(o.token_ids[0])
             bar.update(1)
-    return Generation(out, secs)
+    return Generation(out, positions, secs, total)
 
 
 def cache_table(llm, prompt_len: int, with_cache: Generation, without: Generation) -> Table:
@@ -70,9 +84,11 @@ def cache_table(llm, prompt_len: int, with_cache: Generation, without: Generatio
 
 def kv_budget_table(models: Sequence[str] = ("llama-120m", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3-8b"),
                     dtype: str = "bfloat16", context: int = 4096, gpu_memory: float = 80e9,
-                    utilization: float = 0.9) -> Table:
+                    utilization: float = 0.92) -> Table:
     """KV bytes per token, per request of `context` tokens, and how many fit on one GPU of
-    gpu_memory bytes after the weights (as vLLM sizes its cache). Formula only: modelled."""
+    gpu_memory bytes after the weights, as vLLM sizes its cache: `utilization` of the memory for
+    weights and cache (vLLM 0.32.0's default gpu_memory_utilization, vllm/config/cache.py).
+    Formula only: modelled."""
     rows = []
     for name in models:
         cfg = preset_config(name)

@@ -1,5 +1,6 @@
 """Lesson 01: prefill and decode timed on one model; prefill time against prompt length, fitted
-with a linear and a quadratic part; decode steps against the roofline floor."""
+with a linear and a quadratic part; batch-1 decode steps against context length and the roofline
+floor."""
 
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def prefill_sweep(llm, lengths: Sequence[int], reps: int = 3, seed: int = 0,
     if lengths[-1] > engine.max_model_len:
         raise ValueError(f"prompt length {lengths[-1]} exceeds max_model_len={engine.max_model_len}")
     rng = np.random.default_rng(seed)
-    generate(engine, [random_prompt(engine, lengths[0], rng)], greedy_params(1))  # warm-up
+    for n in (lengths[0], lengths[-1]):  # warm-up: the smallest and largest shapes
+        generate(engine, [random_prompt(engine, n, rng)], greedy_params(1))
     times: dict[int, list[float]] = {n: [] for n in lengths}
     with progress_bar(reps * len(lengths), "prefill sweep", progress) as bar:
         for _ in range(reps):
@@ -172,6 +174,58 @@ def counted_prefill_flops(model: str | ModelConfig, lengths: Sequence[int] = (30
                      "attention share": f"{100 * c.flops['attention'] / c.total_flops:.1f}%"})
     name = model if isinstance(model, str) else "model"
     return Table(rows, f"{name}: FLOPs of one prefill, counted from the shape (modelled)")
+
+
+@dataclass
+class DecodeContextPoint:
+    """Batch-1 decode steps after a prompt of prompt_len tokens; context_len is the median KV
+    length the timed steps attended to."""
+
+    prompt_len: int
+    context_len: int
+    times: list[float]  # per repetition, the median of its decode steps (seconds)
+
+    @property
+    def step_seconds(self) -> float:
+        return statistics.median(self.times)
+
+
+def decode_context_sweep(llm, prompt_lens: Sequence[int], steps: int = 8, reps: int = 3, seed: int = 0,
+                         progress: bool = True) -> list[DecodeContextPoint]:
+    """One request at a time: a fresh prompt of each length, prefilled in one step, then `steps`
+    decode steps at batch 1. Repetitions interleave the lengths, so noise spreads over all."""
+    lengths = sorted(set(int(n) for n in prompt_lens))
+    engine = fresh_engine(llm, enable_prefix_caching=False, enable_chunked_prefill=False,
+                          max_num_batched_tokens=max(lengths))
+    longest = lengths[-1] + steps + 1
+    blocks = engine.kv_manager.blocks_needed(longest)
+    if longest > engine.max_model_len or blocks > engine.num_kv_blocks:
+        raise ValueError(f"a prompt of {lengths[-1]} tokens + {steps + 1} generated needs max_model_len "
+                         f">= {longest} ({engine.max_model_len}) and {blocks} KV blocks "
+                         f"({engine.num_kv_blocks})")
+    rng = np.random.default_rng(seed)
+    generate(engine, [random_prompt(engine, lengths[0], rng)], greedy_params(3))  # warm-up
+    times: dict[int, list[float]] = {n: [] for n in lengths}
+    contexts: dict[int, int] = {}
+    with progress_bar(reps * len(lengths), "decode context sweep", progress) as bar:
+        for _ in range(reps):
+            for n in lengths:
+                first = len(engine.trace)
+                generate(engine, [random_prompt(engine, n, rng)], greedy_params(steps + 1))
+                decode = [r for r in engine.trace[first:] if not r.num_prefill_tokens]
+                times[n].append(statistics.median(r.duration for r in decode))
+                contexts[n] = n + 1 + len(decode) // 2  # the KV length of the middle decode step
+                bar.update(1)
+    return [DecodeContextPoint(n, contexts[n], times[n]) for n in lengths]
+
+
+def decode_context_table(points: Sequence[DecodeContextPoint], floors: Sequence[float]) -> Table:
+    """Median decode step per context length beside its floor, and how both grew from the first."""
+    rows = [{"context tokens": p.context_len, "step ms": round(1e3 * p.step_seconds, 2),
+             "floor ms (modelled)": round(1e3 * f, 2), "floor / step": f"{f / p.step_seconds:.0%}",
+             "step vs first": f"{p.step_seconds / points[0].step_seconds:.2f}x",
+             "floor vs first": f"{f / floors[0]:.2f}x"} for p, f in zip(points, floors)]
+    return Table(rows, "Batch-1 decode step against context length, measured (median over repeats)")
 
 
 def decode_floors(llm, ceilings: roofline.DeviceCeilings, batch: int,

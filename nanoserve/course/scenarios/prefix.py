@@ -21,17 +21,23 @@ from nanoserve.sampling_params import SamplingParams
 def shared_prompt_demo(llm: LLM, shared: str, own: Sequence[str], max_tokens: int = 24) -> Table:
     """One shared opening (a system prompt) and each request's own text after it, sent one
     after another to one engine: the prompt tokens each took from the prefix cache, its TTFT
-    and (with a tokenizer) the start of its greedy continuation."""
+    and (with a tokenizer) the start of its greedy continuation. Each prompt also runs on an
+    engine with prefix caching off, and the last column says whether the tokens are the same."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    uncached = fresh_engine(llm, enable_prefix_caching=False)
     rows = []
     for text in own:
         prompt = shared + text
         if llm.tokenizer is None:  # a preset without a tokenizer: stand-in ids, same lengths
             prompt = [10 + (ord(c) % 200) for c in prompt]
-        o = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0))[0]
+        o = llm.generate([prompt], params)[0]
+        off = generate(uncached, [list(o.prompt_token_ids)], params)[0]
         rows.append({"own text": text.strip()[:40], "prompt tokens": len(o.prompt_token_ids),
                      "from cache": o.num_cached_tokens, "TTFT (ms)": _ms(ttft(o)),
-                     "continuation": (o.text or "(no tokenizer: ids)").strip().replace("\n", " / ")[:60]})
-    return Table(rows, "One shared opening, then each request's own text, one request at a time", ".1f")
+                     "continuation": (o.text or "(no tokenizer: ids)").strip().replace("\n", " / ")[:60],
+                     "same tokens, cache off": "yes" if list(off.token_ids) == list(o.token_ids) else "NO"})
+    return Table(rows, "One shared opening, then each request's own text, one request at a time; "
+                       "again with prefix caching off", ".1f")
 
 
 def shared_prefix_workload(engine_or_llm, num_requests: int, prefix_len: int, suffix_len: int,

@@ -1,13 +1,16 @@
-"""Lesson 08: dollars per million input and output tokens from measured runs, and at an SLO."""
+"""Lesson 08: dollars per million input and output tokens from measured runs, and per request
+within an SLO (vLLM's request goodput)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from nanoserve.course.scenarios.common import _ms, _round_up, measure_workload, unloaded_latency
 from nanoserve.course.setup import Table, device_kind, engine_of
 from nanoserve.measure import bench
+from nanoserve.measure.metrics import ServingMetrics
 from nanoserve.measure.workload import synthetic
 
 
@@ -43,7 +46,8 @@ def run_cost(result: bench.BenchResult, price_per_hour: float):
 
 
 def cost_rows(runs: dict, price_per_hour: float, slo: dict | None = None) -> Table:
-    """$/1M input and output tokens per run (name -> BenchResult) at one price per hour."""
+    """$/1M input and output tokens per run (name -> BenchResult) at one price per hour; with an
+    SLO, also its goodput and what each request within the SLO cost (evaluate_caps)."""
     rows = []
     for name, r in runs.items():
         c = run_cost(r, price_per_hour)
@@ -52,7 +56,10 @@ def cost_rows(runs: dict, price_per_hour: float, slo: dict | None = None) -> Tab
                "TPOT p50 (ms)": _ms(m.tpot.median), "$/1M in": c.usd_per_1m_input,
                "$/1M out": c.usd_per_1m_output, "out/in": c.output_input_ratio}
         if slo is not None:
-            row["within SLO (%)"] = 100 * m.slo_attainment
+            e = _evaluate(name, m, price_per_hour)
+            row.update({"within SLO (%)": 100 * m.slo_attainment, "goodput (req/s)": m.goodput,
+                        "$/1k requests": e.usd_per_1k_requests,
+                        "$/1k within SLO": e.usd_per_1k_good})
         rows.append(row)
     return Table(rows, f"at ${price_per_hour:.2f}/h, {next(iter(runs.values())).device_label}", ".3g")
 
@@ -63,11 +70,29 @@ def tpot_slo(engine_or_llm, input_len: int, factor: float = 2.0) -> dict:
     return {"tpot": _round_up(factor * unloaded_latency(engine_or_llm, input_len)["tpot"])}
 
 
-def evaluate_caps(runs: dict, price_per_hour: float, slo: dict, min_attainment: float = 0.9) -> list:
-    """cost.evaluate_runs over the batch-cap runs: metrics, cost and whether each meets the SLO."""
-    from nanoserve.measure.cost import Run, evaluate_runs
-    return evaluate_runs([Run(str(k), r.outputs, r.trace, price_per_hour, r.duration)
-                          for k, r in runs.items()], slo, min_attainment)
+@dataclass
+class CapEvaluation:
+    """One batch cap's run at a price and an SLO, scored by vLLM's request goodput."""
+
+    label: str  # the max_num_seqs cap
+    metrics: ServingMetrics  # with the SLO: .goodput, completed requests/s within every limit
+    usd_per_1k_requests: float  # what the run cost per 1000 completed requests
+    usd_per_1k_good: float  # per 1000 requests within the SLO: price per second / goodput (inf: none)
+
+
+def _evaluate(label, m: ServingMetrics, price_per_hour: float) -> CapEvaluation:
+    per_s = price_per_hour / 3600
+
+    def per_1k(rate):
+        return 1e3 * per_s / rate if rate > 0 else math.inf
+    return CapEvaluation(str(label), m, per_1k(m.request_throughput), per_1k(m.goodput))
+
+
+def evaluate_caps(runs: dict, price_per_hour: float, slo: dict) -> list[CapEvaluation]:
+    """Each batch cap's run scored at the SLO: its goodput (vLLM's: completed requests per second
+    within every limit) and the price of the device's time per request that met the SLO. The
+    cheapest cap at the SLO is the one with the lowest usd_per_1k_good."""
+    return [_evaluate(k, r.metrics(slo), price_per_hour) for k, r in runs.items()]
 
 
 def provider_table(measured_ratio: float | None = None) -> Table:

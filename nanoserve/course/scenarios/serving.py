@@ -115,19 +115,26 @@ def metrics_table(results: dict, slo: dict | None = None) -> Table:
     return Table(rows, "latencies in ms", ".1f")
 
 
-def stratified_table(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 64)) -> Table:
-    """Median `metric` per output-length bucket, one column per run: like with like."""
-    strat = {name: stratify(r.outputs, metric, "output", buckets) for name, r in results.items()}
+def length_buckets(median: int) -> tuple[int, ...]:
+    """Left edges of length buckets around a workload's median: [1, m/2), [m/2, m), [m, 2m), [2m, inf)."""
+    return (1, max(2, median // 2), median, 2 * median)
+
+
+def stratified_table(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 64),
+                     by: str = "output") -> Table:
+    """Median `metric` per length bucket (by "output" or "input" length), one column per run:
+    like with like."""
+    strat = {name: stratify(r.outputs, metric, by, buckets) for name, r in results.items()}
     labels = list(dict.fromkeys(s.label for st in strat.values() for s in st.strata))
     rows = []
     for lab in labels:
-        row = {"output tokens": lab}
+        row = {f"{by} tokens": lab}
         for name, st in strat.items():
             s = next((s for s in st.strata if s.label == lab), None)
             row[f"{name}: n"] = s.num_requests if s else 0
             row[f"{name}: median {metric} (ms)"] = _ms(s.summary.median) if s else math.nan
         rows.append(row)
-    return Table(rows, f"{metric.upper()} stratified by output length", ".1f")
+    return Table(rows, f"{metric.upper()} stratified by {by} length", ".1f")
 
 
 @dataclass

@@ -9,12 +9,28 @@ import numpy as np
 
 
 def _show(out, draw) -> None:
-    """Redraw a figure inside an ipywidgets Output."""
+    """Replace what an ipywidgets Output shows with the figure `draw()` returns, as one PNG.
+
+    The figure goes into `out.outputs` in one state update (the kernel sends it; nothing answers).
+    Not `with out: out.clear_output(); plt.show()`: that routes the figure through the Output's
+    message capture, which a headless client (nbclient, behind `jupyter nbconvert --execute` and
+    `make slides`) serves by sending comm messages back to the kernel on the shell channel while it
+    waits on that channel for the cell's reply: the reply can then go unseen until the client's
+    timeout (nbclient issue 312, nbconvert issues 2003 and 2029). The figure is closed so that the
+    inline backend does not also show it under the cell."""
+    import base64
+
     import matplotlib.pyplot as plt
-    with out:
-        out.clear_output(wait=True)
-        draw()
-        plt.show()
+    from IPython.core.pylabtools import print_figure
+    fig = draw()
+    try:
+        png = print_figure(fig, "png", bbox_inches="tight")  # what %matplotlib inline shows
+    finally:
+        plt.close(fig)
+    w, h = fig.get_size_inches() * fig.dpi
+    out.outputs = ({"output_type": "display_data", "metadata": {},
+                    "data": {"image/png": base64.b64encode(png).decode("ascii"),
+                             "text/plain": f"<Figure size {w:.0f}x{h:.0f} with {len(fig.axes)} Axes>"}},)
 
 
 def _log(ax, which: str = "x") -> None:

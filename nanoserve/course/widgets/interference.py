@@ -43,8 +43,10 @@ def _ordered(runs):
     return sorted(runs, key=lambda r: math.inf if r.budget is None else r.budget)
 
 
-def plot_budget_tradeoff(runs, ax=None):
-    """Worst decoder stall and the long prompts' TTFT at each token budget."""
+def plot_budget_tradeoff(runs, ax=None, reference=None):
+    """Worst decoder stall and the long prompts' TTFT at each token budget. reference:
+    course.reference's (label, [(run label, worst ITL ms, p99 ITL ms, median TTFT ms)]) of
+    another machine, drawn in grey at the runs of the same label."""
     ax = get_axes(ax, (7, 3.8))
     runs = _ordered(runs)
     x = np.arange(len(runs))
@@ -54,6 +56,12 @@ def plot_budget_tradeoff(runs, ax=None):
     ax.plot(x, spike, "o-", color=DECODE_COLOR, label="decoders: worst ITL (ms)")
     ax.plot(x, p99, "o:", color=DECODE_COLOR, alpha=0.6, label="decoders: p99 ITL (ms)")
     ax.plot(x, first, "s-", color=PREFILL_COLOR, label="long prompts: median TTFT (ms)")
+    if reference is not None:
+        at = {r.label: i for i, r in enumerate(runs)}
+        ref = [row for row in reference[1] if row[0] in at]
+        for col, marker in ((1, "o"), (3, "s")):
+            ax.plot([at[row[0]] for row in ref], [row[col] for row in ref], marker, color="0.6", ms=5,
+                    mfc="none", label=f"reference: {reference[0]}" if col == 1 else None)
     ax.set_xticks(x, ["no\nchunking" if r.budget is None else str(r.budget) for r in runs])
     _log(ax, "y")
     ax.set_xlabel("token budget per step, max_num_batched_tokens (tokens)")
@@ -112,8 +120,9 @@ def interference_explorer(runs):
 
     def draw(_=None):
         def fig():
-            _, axes = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True)
+            fig, axes = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True)
             plot_interference_view(compute_interference_view(runs, slider.value), axes)
+            return fig
         _show(out, fig)
     slider.observe(draw, names="value")
     draw()

@@ -7,7 +7,7 @@ import numpy as np
 from nanoserve.course.scenarios.pricing import run_cost
 from nanoserve.course.setup import slo_text
 from nanoserve.course.widgets.common import _log, _show
-from nanoserve.measure.figures import DECODE_COLOR, PREFILL_COLOR, get_axes
+from nanoserve.measure.figures import DECODE_COLOR, PREFILL_COLOR
 
 
 def plot_step_time_fit(results, ax=None):
@@ -105,36 +105,57 @@ def cost_explorer(runs: dict, price_per_hour: float):
 
     def draw(_=None):
         def fig():
-            _, axes = plt.subplots(1, 2, figsize=(13, 4), constrained_layout=True)
+            fig, axes = plt.subplots(1, 2, figsize=(13, 4), constrained_layout=True)
             plot_cost_view(compute_cost_view(runs, price.value), axes)
+            return fig
         _show(out, fig)
     price.observe(draw, names="value")
     draw()
     return W.VBox([price, out])
 
 
-def plot_cost_at_slo(evaluations, slo: dict, device: str, ax=None, metric: str = "tpot"):
-    """Each run's cost per 1M tokens (input + output) against its p90 `metric`; the SLO as a
-    line; the cheapest run meeting it starred."""
-    ax = get_axes(ax, (7, 4))
-    ok = [e for e in evaluations if e.meets_slo]
-    best = min(ok, key=lambda e: e.usd_per_1m_total, default=None)
-    for e in evaluations:
-        x = 1e3 * getattr(e.metrics, metric).p90
-        ax.plot(x, e.usd_per_1m_total, "o", ms=8, color="tab:green" if e.meets_slo else "tab:red")
-        ax.annotate(f"max_num_seqs={e.label}", (x, e.usd_per_1m_total), textcoords="offset points",
-                    xytext=(6, 4), fontsize=8)
-    if best is not None:
-        ax.plot(1e3 * getattr(best.metrics, metric).p90, best.usd_per_1m_total, "*", ms=20, mfc="none",
-                color="k", label="cheapest within the SLO")
-    if metric in slo:
-        ax.axvline(1e3 * slo[metric], color="tab:red", lw=1, ls="--",
-                   label=f"SLO {metric.upper()} {1e3 * slo[metric]:g} ms")
-    _log(ax, "y")
-    ax.set_xlabel(f"p90 {metric.upper()} (ms)")
-    ax.set_ylabel("USD per 1M tokens, input + output (log)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"Cost at the same SLO ({slo_text(slo)}; green: 90% of requests within it)\n{device}",
-                 fontsize=10)
-    return ax.figure
+def plot_cost_at_slo(runs: dict, evaluations, slo: dict, axes=None):
+    """runs: {cap: BenchResult}; evaluations: scenarios.evaluate_caps of the same runs.
+    Left: each request's TPOT per batch cap against the SLO's TPOT limit (a limit per request).
+    Right: what 1000 requests cost at each cap, all of them and only those within the SLO (the
+    price per second over vLLM's request goodput); the cheapest within the SLO starred."""
+    import matplotlib.pyplot as plt
+
+    from nanoserve.measure.metrics import completed, tpot
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True)
+    if [str(k) for k in runs] != [e.label for e in evaluations]:
+        raise ValueError(f"evaluations of {[e.label for e in evaluations]} don't match runs {list(runs)}")
+    ax_t, ax_c = axes
+    device = next(iter(runs.values())).device_label
+    x = np.arange(len(evaluations))
+    for xi, r in zip(x, runs.values()):
+        vals = [1e3 * v for o in r.outputs if completed(o) and (v := tpot(o)) is not None]
+        ax_t.plot(np.full(len(vals), xi), vals, "o", ms=4, alpha=0.5, color=DECODE_COLOR)
+    if "tpot" in slo:
+        ax_t.axhline(1e3 * slo["tpot"], color="tab:red", lw=1, ls="--",
+                     label=f"SLO: each request's TPOT <= {1e3 * slo['tpot']:g} ms")
+    ax_t.set_ylabel("TPOT of each request (ms)")
+    ax_t.set_ylim(bottom=0)
+    ax_t.set_title(f"Each request's TPOT against the limit\n{device}", fontsize=10)
+    ax_c.plot(x, [e.usd_per_1k_requests for e in evaluations], "o-", color="0.6",
+              label="per 1000 requests, SLO ignored")
+    good = [(xi, e.usd_per_1k_good) for xi, e in zip(x, evaluations) if np.isfinite(e.usd_per_1k_good)]
+    ax_c.plot(*zip(*good) if good else ([], []), "s-", color="tab:green",
+              label="per 1000 requests within the SLO")
+    for xi, e in zip(x, evaluations):
+        if not np.isfinite(e.usd_per_1k_good):
+            ax_c.annotate("none within\nthe SLO", (xi, e.usd_per_1k_requests), textcoords="offset points",
+                          xytext=(0, 8), ha="center", fontsize=8, color="tab:red")
+    if good:
+        bx, by = min(good, key=lambda g: g[1])
+        ax_c.plot([bx], [by], "*", ms=20, mfc="none", color="k", label="cheapest within the SLO")
+    _log(ax_c, "y")
+    ax_c.set_ylabel("USD per 1000 requests (log)")
+    ax_c.set_title(f"Cost per request at {slo_text(slo)} (goodput: vLLM's)\n{device}", fontsize=10)
+    for ax in axes:
+        ax.set_xticks(x, [e.label for e in evaluations])
+        ax.set_xlabel("max_num_seqs (batch cap)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    return ax_t.figure

@@ -8,7 +8,7 @@ from nanoserve.course.scenarios.common import measure_workload
 from nanoserve.course.setup import slo_text
 from nanoserve.course.widgets.common import _log, _show
 from nanoserve.measure.figures import DECODE_COLOR, MEASURED_COLOR, MODELLED_COLOR, PREFILL_COLOR, get_axes
-from nanoserve.measure.metrics import completed, itls, ttft
+from nanoserve.measure.metrics import completed, itls, tpot, ttft
 
 
 def plot_request_anatomy(result, ax=None, request_id: str | None = None):
@@ -78,12 +78,14 @@ def plot_metric_distributions(result, axes=None):
     return axes[0].figure
 
 
-def plot_stratified(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 64), ax=None):
-    """Median `metric` per output-length bucket for each run, and over all requests ("all")."""
+def plot_stratified(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 64), ax=None,
+                    by: str = "output"):
+    """Median `metric` per length bucket (by "output" or "input" length) for each run, and over
+    all requests ("all")."""
     from nanoserve.measure.metrics import REQUEST_METRICS, stratify
     ax = get_axes(ax, (7, 3.6))
     names = list(results)
-    strat = {n: stratify(results[n].outputs, metric, "output", buckets) for n in names}
+    strat = {n: stratify(results[n].outputs, metric, by, buckets) for n in names}
     labels = [s.label for s in strat[names[0]].strata]
     width = 0.8 / len(names)
     colors = ["0.55", "tab:red", "tab:green", "tab:blue"]
@@ -98,11 +100,11 @@ def plot_stratified(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 6
             if c:
                 ax.text(xi, v, f"n={c}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(labels) + 1), labels + ["all"])
-    ax.set_xlabel("output length bucket (tokens)")
+    ax.set_xlabel(f"{by} length bucket (tokens)")
     ax.set_ylabel(f"median {metric.upper()} (ms)")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.set_title(f"{metric.upper()} by output length\n{results[names[-1]].device_label}", fontsize=10)
+    ax.set_title(f"{metric.upper()} by {by} length\n{results[names[-1]].device_label}", fontsize=10)
     return ax.figure
 
 
@@ -111,6 +113,7 @@ def _latency_view(outputs, slo: dict) -> dict:
     done = [o for o in outputs if completed(o)]
     m = compute_metrics(outputs, slo=slo)
     return {"ttft_ms": np.sort([1e3 * ttft(o) for o in done]),
+            "tpot_ms": np.sort([1e3 * v for v in map(tpot, done) if v is not None]),
             "itl_ms": np.sort([1e3 * g for o in done for g in itls(o)]),
             "ttft_p50": 1e3 * m.ttft.median, "ttft_p99": 1e3 * m.ttft.p99,
             "itl_p50": 1e3 * m.itl.median, "itl_p99": 1e3 * m.itl.p99, "tpot_p50": 1e3 * m.tpot.median,
@@ -137,10 +140,18 @@ def measure_dashboard_point(engine, make_workload, rate: float, max_num_seqs: in
                            max_num_batched_tokens=max_num_batched_tokens)}
 
 
+# Dashboard panels: (data key, name, the SLO key that limits this quantity, per what).
+DASHBOARD_PANELS = (("ttft_ms", "TTFT", "ttft", "requests"), ("tpot_ms", "TPOT", "tpot", "requests"),
+                    ("itl_ms", "ITL", None, "all gaps"))
+
+
 def plot_dashboard(data: dict, axes, measured: dict | None = None) -> None:
-    """TTFT and ITL distributions (modelled; measured overlaid when given) with the SLO."""
+    """Distributions of TTFT and TPOT (one value per request, each against its own SLO line) and
+    of ITL (every gap, pooled: no per-request SLO limits it), modelled; measured overlaid.
+    Other SLO keys (e2e, itl_p99, ...) count in the goodput of the title but have no panel."""
     p = data["params"]
-    for ax, key, name in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "ITL")):
+    sub = data["label"] + (f"\ndashed: {measured['label']}" if measured is not None else "")
+    for ax, (key, name, slo_key, per) in zip(axes, DASHBOARD_PANELS):
         for d, color, ls, kind in ((data, MODELLED_COLOR, "-", "modelled"),
                                    (measured, MEASURED_COLOR, "--", "measured")):
             if d is None:
@@ -149,25 +160,22 @@ def plot_dashboard(data: dict, axes, measured: dict | None = None) -> None:
             if len(x):
                 ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", color=color, ls=ls,
                         label=f"{kind}: p50 {np.median(x):.0f} ms, p99 {np.percentile(x, 99):.0f} ms")
-        limit = data["slo"].get("ttft" if name == "TTFT" else "tpot")
+        limit = data["slo"].get(slo_key)
         if limit is not None:
-            ax.axvline(1e3 * limit, color="tab:red", lw=1,
-                       label=f"SLO {'TTFT' if name == 'TTFT' else 'TPOT (mean ITL)'} {1e3 * limit:g} ms")
+            ax.axvline(1e3 * limit, color="tab:red", lw=1, label=f"SLO {name} {1e3 * limit:g} ms")
         _log(ax, "x")
         ax.set_xlabel(f"{name} (ms, log)")
-        ax.set_ylabel("fraction at or below")
+        ax.set_ylabel(f"fraction of {per} at or below")
         ax.set_ylim(0, 1.02)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
+        ax.set_title(f"{name}\n{sub}", fontsize=9)
     title = (f"rate {p['rate']:.2f} req/s, max_num_seqs {p['max_num_seqs']}, "
              f"max_num_batched_tokens {p['max_num_batched_tokens']}: goodput {data['goodput']:.2f} req/s "
              f"({100 * data['attainment']:.0f}% within {slo_text(data['slo'])}), modelled")
     if measured is not None:
         title += f"; measured goodput {measured['goodput']:.2f} req/s"
     axes[0].figure.suptitle(title, fontsize=9)
-    sub = data["label"] + (f"\ndashed: {measured['label']}" if measured is not None else "")
-    axes[0].set_title(f"TTFT\n{sub}", fontsize=9)
-    axes[1].set_title(f"ITL\n{sub}", fontsize=9)
 
 
 def serving_dashboard(model, engine, make_workload, slo: dict, max_rate: float):
@@ -198,8 +206,9 @@ def serving_dashboard(model, engine, make_workload, slo: dict, max_rate: float):
         measured = state["measured"] if state.get("at") == params() else None
 
         def fig():
-            _, axes = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True)
+            fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(15, 4), constrained_layout=True)
             plot_dashboard(compute_dashboard(model, make_workload, slo=slo, **params()), axes, measured)
+            return fig
         _show(out, fig)
 
     def measure(_):

@@ -1,0 +1,118 @@
+"""The lessons as files: find them, execute one headless the way `jupyter nbconvert --execute`
+does (nbclient, a timeout per cell), and turn its widgets into the static figures they drew.
+
+Used by `make preflight` (course.preflight), the deck build (scripts/build_decks.py) and the
+tests that execute every lesson. nbclient and nbformat come with the dev extras (JupyterLab
+brings them); they are imported inside functions, so importing nanoserve needs neither.
+
+A widget is live only in a running notebook. In an executed file its output is a reference to
+a widget model, and the model's state holds what its Output widgets drew last (the default
+state: nothing moved a slider). `static_widgets` replaces each such reference by those figures
+and a line saying the widget is live in the lab, so an exported deck needs no widget runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+# the lessons with speaker notes: the decks, the headless-execution test and the instructor guide
+# cover these (lesson 10 joins once it has its notes)
+WORKSHOP_LESSONS = tuple(f"{n:02d}" for n in range(10))
+LIVE_NOTE = ("<p><em>Interactive in JupyterLab: run this lesson there to move the controls. "
+             "Shown here: the widget's default view, as drawn when the deck was built.</em></p>")
+
+
+def lesson_paths(numbers=None, folder: Path = NOTEBOOKS) -> list[Path]:
+    """The lesson notebooks NN_*.ipynb in order; `numbers` ("00", "05", ...) picks some."""
+    paths = sorted(Path(folder).glob("[0-9][0-9]_*.ipynb"))
+    if numbers is not None:
+        wanted = {f"{int(n):02d}" for n in numbers}
+        missing = wanted - {p.name[:2] for p in paths}
+        if missing:
+            raise ValueError(f"no lesson numbered {sorted(missing)} in {folder}")
+        paths = [p for p in paths if p.name[:2] in wanted]
+    return paths
+
+
+def lesson_path(number) -> Path:
+    """The notebook of lesson `number` (5 or "05")."""
+    return lesson_paths([number])[0]
+
+
+def execute(path, quick: bool = True, cell_timeout: int = 300, env: dict | None = None):
+    """Run every cell of a notebook in a fresh kernel with nbclient, in the notebook's folder,
+    and return the executed notebook (outputs and widget state included).
+
+    quick sets NANOSERVE_QUICK for the kernel. Raises nbclient's CellExecutionError naming the
+    cell when a cell fails, and CellTimeoutError when one runs past `cell_timeout` seconds."""
+    import nbformat
+    from nbclient import NotebookClient
+    if cell_timeout <= 0:
+        raise ValueError(f"cell_timeout must be a positive number of seconds, got {cell_timeout}")
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    kernel_env = {**os.environ, **(env or {}), "NANOSERVE_QUICK": "1" if quick else "0"}
+    client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute(env=kernel_env)
+    return nb
+
+
+def errors(nb) -> list[str]:
+    """'cell N: Ename: evalue' for every error output of an executed notebook."""
+    return [f"cell {i}: {o.get('ename')}: {o.get('evalue')}" for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" for o in c.outputs if o.get("output_type") == "error"]
+
+
+def _widget_models(nb) -> dict:
+    return nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+
+
+def widget_images(nb, model_id: str) -> list[str]:
+    """Base64 PNGs that the Output widgets inside widget `model_id` show, depth first."""
+    models, found, seen = _widget_models(nb), [], set()
+
+    def walk(mid):
+        if mid in seen or mid not in models:
+            return
+        seen.add(mid)
+        state = models[mid].get("state", {})
+        for out in state.get("outputs", []):
+            png = out.get("data", {}).get("image/png")
+            if png:
+                found.append(png)
+        for child in state.get("children", []):
+            walk(re.sub(r"^IPY_MODEL_", "", child))
+    walk(model_id)
+    return found
+
+
+def static_widgets(nb) -> int:
+    """Replace every widget output of an executed notebook by the figures its Output widgets
+    drew, followed by LIVE_NOTE; a widget that drew none (a progress bar) is dropped. The widget
+    state goes too. -> how many widgets were replaced by figures."""
+    import nbformat
+    replaced = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for out in cell.outputs:
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            if view is None:
+                outputs.append(out)
+                continue
+            pngs = widget_images(nb, view["model_id"])
+            if pngs:
+                replaced += 1
+                outputs += [nbformat.v4.new_output("display_data", {"image/png": png}) for png in pngs]
+                outputs.append(nbformat.v4.new_output("display_data", {"text/html": LIVE_NOTE}))
+        cell.outputs = outputs
+    nb.metadata.pop("widgets", None)
+    return replaced

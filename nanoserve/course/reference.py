@@ -1,0 +1,58 @@
+"""Reference results: key figures of the lessons measured on this repo's machines, so that a
+student's figure can show "my machine against the reference" and a deck slide both at once.
+
+One small JSON file per machine in reference_data/ (scripts/reference_results.py measures and
+writes it, and says how to rerun it): when, on what (CPU model and flags, threads, versions),
+how busy the machine was, and per mode ("quick" or "full") and lesson the sizes used and the
+series measured. A lesson asks `series(lesson, key)` and gets (label, points) only when a
+reference of its device kind was measured at exactly the sizes it is running now: a reference
+at other sizes would compare different experiments. Otherwise None, and the figure draws only
+the reader's own points.
+
+Deliberately left out: measuring (the script does it with course.experiments and scenarios).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from nanoserve.course.setup import device_kind, quick_mode, sizes
+
+DATA = Path(__file__).parent / "reference_data"
+
+
+@lru_cache(maxsize=None)
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def references(folder: Path = DATA) -> list[dict]:
+    """Every reference file's contents, by file name."""
+    return [_load(str(p)) for p in sorted(Path(folder).glob("*.json"))]
+
+
+def label(ref: dict, mode: str) -> str:
+    """'2-core AMD EPYC, AVX2, 2026-11-30, quick sizes'."""
+    return f"{ref['machine']}, {ref['date']}, {mode} sizes"
+
+
+def _same(a, b) -> bool:
+    return json.loads(json.dumps(a)) == json.loads(json.dumps(b))  # tuples and lists alike
+
+
+def series(lesson: str, key: str, device: str | None = None, quick: bool | None = None,
+           folder: Path = DATA):
+    """(label, points) of the reference measured for `lesson`'s `key` on a machine of this
+    device kind at the sizes the lesson uses here, or None when there is none."""
+    quick = quick_mode() if quick is None else quick
+    mode, kind = ("quick" if quick else "full"), device_kind(device)
+    want = sizes(lesson, quick=quick, device=device)
+    for ref in references(folder):
+        entry = ref.get("modes", {}).get(mode, {}).get(lesson)
+        if (ref.get("device_kind") == kind and entry and _same(entry["sizes"], want)
+                and key in entry["series"]):
+            return label(ref, mode), entry["series"][key]
+    return None

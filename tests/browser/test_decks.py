@@ -1,0 +1,83 @@
+"""The decks of `make slides`, opened from disk with the network off (every request that is not
+file:// aborted): reveal.js starts from node_modules, every deck has its slides and speaker
+notes, and the slide of lesson 05's interference figure shows the image."""
+
+from pathlib import Path
+
+import pytest
+
+from nanoserve.course import lessons
+
+ROOT = Path(__file__).resolve().parents[2]
+DECKS = ROOT / "slides"
+
+
+def deck_paths():
+    return [DECKS / f"{p.stem}.slides.html" for p in lessons.lesson_paths(lessons.WORKSHOP_LESSONS)]
+
+
+def open_offline(browser, require, deck: Path):
+    """A page showing `deck` from file://, with every non-file request aborted. -> (page, blocked)."""
+    require(deck.exists(), f"{deck.name} missing: run `make slides` first")
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    blocked = []
+
+    def route(r):
+        if r.request.url.startswith("file:"):
+            r.continue_()
+        else:
+            blocked.append(r.request.url)
+            r.abort()
+    page.route("**/*", route)
+    page.goto(deck.as_uri(), timeout=60_000)
+    page.wait_for_selector(".reveal.ready", timeout=60_000)  # reveal.js marks itself ready
+    return page, blocked
+
+
+LEAVES = "[...document.querySelectorAll('.reveal .slides section')].filter(s => !s.querySelector('section'))"
+
+
+@pytest.mark.parametrize("deck", deck_paths(), ids=lambda p: p.name[:2])
+def test_deck_opens_offline_with_slides_and_notes(browser, require, artifacts, deck):
+    page, blocked = open_offline(browser, require, deck)
+    try:
+        slides = page.evaluate(f"{LEAVES}.length")
+        headings = page.locator(".reveal .slides section h1, .reveal .slides section h2").count()
+        assert slides >= 5 and slides >= headings // 2, (slides, headings)
+        notes = page.locator(".reveal aside.notes").count()
+        assert notes >= slides, f"{notes} speaker notes for {slides} slides"
+        assert page.locator(".reveal img").count() > 0 or deck.name.startswith("04"), "no figure in the deck"
+        page.screenshot(path=str(artifacts / f"deck_{deck.name[:2]}_title.png"))
+        # only the theme's web fonts are fetched from outside, and the deck works without them
+        assert all(u.startswith("https://fonts.googleapis.com/") for u in blocked), blocked
+    finally:
+        page.close()
+
+
+def test_lesson_05_interference_slide_shows_its_figure(browser, require, artifacts):
+    deck = DECKS / f"{lessons.lesson_path('05').stem}.slides.html"
+    page, blocked = open_offline(browser, require, deck)
+    try:
+        # the slide whose heading says the decoders stall: the ITL timeline without chunking
+        index = page.evaluate(f"""() => {{
+            const s = {LEAVES}.find(x => /every decoder stalls/i.test(x.textContent));
+            if (!s) return null;
+            const top = s.parentElement.matches('.slides') ? s : s.parentElement;
+            const h = [...top.parentElement.children].indexOf(top);
+            return [h, top === s ? 0 : [...top.children].indexOf(s)];
+        }}""")
+        assert index is not None, "no slide titled '... every decoder stalls'"
+        page.evaluate(f"location.hash = '#/{index[0]}/{index[1]}'")  # reveal.js follows the URL
+        present = "document.querySelector('.reveal .slides section.present:not(.stack)')"
+        page.wait_for_function(f"() => /every decoder stalls/i.test({present}.textContent)", timeout=30_000)
+        page.wait_for_timeout(1000)  # the slide transition
+        img = page.locator(".reveal .slides section.present img").first
+        assert img.count() == 1, "the interference slide has no image"
+        assert img.is_visible()
+        w = img.evaluate("i => i.naturalWidth")
+        assert w > 200, f"the image did not load ({w} px wide)"
+        page.screenshot(path=str(artifacts / "deck_05_interference.png"))
+        # the widget's slide: its default state as a static figure, and the note that it is live
+        assert "Interactive in JupyterLab" in page.content()
+    finally:
+        page.close()
