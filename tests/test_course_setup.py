@@ -8,6 +8,7 @@ import pytest
 from nanoserve.course import setup
 from nanoserve.measure.figures import device_label
 from nanoserve.measure.workload import greedy_params
+from nanoserve.model import DEMO_MODEL_DIR
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,10 @@ def test_sizes_and_models():
             assert s["model"] == setup.lesson_model(device, quick)
     full, quick = setup.sizes("01", False, "cpu"), setup.sizes("01", True, "cpu")
     assert max(quick["lengths"]) <= max(full["lengths"])
-    with pytest.raises(ValueError, match="lesson '10'"):
-        setup.sizes("10")
+    assert setup.sizes("10", True, "cpu")["model"] == DEMO_MODEL_DIR  # text in and out over HTTP
+    assert setup.sizes("10", False, "cpu")["model"] == "preset:llama-120m"
+    with pytest.raises(ValueError, match="lesson '11'"):
+        setup.sizes("11")
     assert setup.default_dtype("cpu") == "float32" and setup.default_dtype("cuda:0") == "bfloat16"
 
 

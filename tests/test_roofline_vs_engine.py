@@ -41,11 +41,16 @@ def timed_steps(eng, prompts, max_tokens):
 def test_prefill_and_decode_step_times_are_within_the_stated_factor_of_the_roofline(setup):
     eng, cfg, ceil = setup
     timed_steps(eng, [[7] * 64], 4)  # warm-up
-    trace = timed_steps(eng, [list(range(10, 10 + 512))], 24)
-    prefill = trace[0].duration
-    decode = statistics.median(s.duration for s in trace[1:])
+    # medians: three prefills (each its own request, one step each) and their decode steps, so a
+    # burst of other work on a shared machine moves no figure alone
+    prefills, decodes = [], []
+    for i in range(3):
+        trace = timed_steps(eng, [list(range(10 + i, 10 + i + 512))], 8)
+        prefills.append(trace[0].duration)
+        decodes += [s.duration for s in trace[1:]]
+    prefill, decode = statistics.median(prefills), statistics.median(decodes)
     t_prefill = roofline_time(step_cost(cfg, prefill_batch(512)), ceil, "float32")
-    t_decode = roofline_time(step_cost(cfg, decode_batch(1, 530)), ceil, "float32")
+    t_decode = roofline_time(step_cost(cfg, decode_batch(1, 516)), ceil, "float32")
     for name, measured, floor in [("prefill 512", prefill, t_prefill), ("decode", decode, t_decode)]:
         ratio = measured / floor
         assert FACTOR[0] <= ratio <= FACTOR[1], f"{name}: measured {measured*1e3:.2f} ms is {ratio:.2f}x " \

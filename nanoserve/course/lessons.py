@@ -45,6 +45,24 @@ def lesson_path(number) -> Path:
     return lesson_paths([number])[0]
 
 
+NOTE_MINUTES = re.compile(r"\((\d+(?:\.\d+)?) min\)")
+WORDS_PER_MINUTE = 100  # technical text with formulas, read with care
+
+
+def minutes(path) -> tuple[float, float]:
+    """(reading, presenting) minutes of a lesson: its markdown and code words, speaker notes
+    excluded, at WORDS_PER_MINUTE (an estimate); and the sum of the "(N min)" its notes plan."""
+    import nbformat
+    nb = nbformat.read(Path(path), as_version=4)
+    words, planned = 0, 0.0
+    for cell in nb.cells:
+        if cell.metadata.get("slideshow", {}).get("slide_type") == "notes":
+            planned += sum(float(m) for m in NOTE_MINUTES.findall(cell.source))
+        else:
+            words += len(cell.source.split())
+    return words / WORDS_PER_MINUTE, planned
+
+
 def execute(path, quick: bool = True, cell_timeout: int = 300, env: dict | None = None):
     """Run every cell of a notebook in a fresh kernel with nbclient, in the notebook's folder,
     and return the executed notebook (outputs and widget state included).

@@ -22,6 +22,7 @@ from nanoserve.course.table import Table
 from nanoserve.engine import LLM, LLMEngine
 from nanoserve.measure.ceilings import device_name, dtype_name
 from nanoserve.measure.workload import random_tokens
+from nanoserve.model import DEMO_MODEL_DIR
 from nanoserve.sampling_params import SamplingParams
 
 
@@ -111,6 +112,19 @@ SIZES: dict[str, dict[str, dict]] = {
         "cuda": dict(num_requests=200, input_median=1024, output_median=128,
                      sim_requests=300, rates=5, datasheet_requests=120),
     },
+    # model: what the server and the in-process LLM load (the demo model in quick mode: text in
+    # and out); name: the served model name
+    "10": {
+        "quick": dict(model=DEMO_MODEL_DIR, name="demo-model", input_len=32, output_len=8,
+                      sweep_requests=8, rate_fractions=(0.3, 0.6, 0.9), batch1_requests=4, streams=16,
+                      server_args=("--served-model-name", "demo-model", "--num-kv-blocks", "256")),
+        "cpu": dict(model="preset:llama-120m", name="preset:llama-120m", input_len=128, output_len=32,
+                    sweep_requests=24, rate_fractions=(0.2, 0.4, 0.6, 0.8, 1.0), batch1_requests=8,
+                    streams=64, server_args=()),
+        "cuda": dict(model="preset:llama-3.2-1b", name="preset:llama-3.2-1b", input_len=512,
+                     output_len=128, sweep_requests=200, rate_fractions=(0.2, 0.4, 0.6, 0.8, 1.0),
+                     batch1_requests=16, streams=64, server_args=()),
+    },
 }
 
 
@@ -121,7 +135,7 @@ def lesson_model(device: str | None = None, quick: bool | None = None) -> str:
 
 
 def sizes(lesson: str, quick: bool | None = None, device: str | None = None) -> dict:
-    """The sizes lesson `lesson` ("00".."09") uses here (quick, or for this device), its model
+    """The sizes lesson `lesson` ("00".."10") uses here (quick, or for this device), its model
     under "model"."""
     if lesson not in SIZES:
         raise ValueError(f"lesson {lesson!r} has no sizes; choose from {sorted(SIZES)}")

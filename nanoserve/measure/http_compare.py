@@ -10,7 +10,6 @@ hand (the server and the in-process LLM load the same model and never run at the
     rate_sweep           loadgen at several request rates: how TTFT and ITL grow with load
 
 The server is any OpenAI-compatible base URL; this module never imports nanoserve.serve.
-LESSON_SIZES are lesson 10's sizes (quick: CI; cpu; cuda), as course/setup.py keeps the others'.
 """
 
 from __future__ import annotations
@@ -26,20 +25,7 @@ from nanoserve.measure.http_result import LoadResult
 from nanoserve.measure.loadgen import Target, run, run_sync
 from nanoserve.measure.metrics import compute_metrics, ttft
 from nanoserve.measure.workload import synthetic
-from nanoserve.model import DEMO_MODEL_DIR
 from nanoserve.sampling_params import SamplingParams
-
-LESSON_SIZES = {  # model: what the server and the in-process LLM load; name: the served name
-    "quick": dict(model=DEMO_MODEL_DIR, name="demo-model", input_len=32, output_len=8,
-                  sweep_requests=8, rate_fractions=(0.3, 0.6, 0.9), batch1_requests=4, streams=16,
-                  server_args=("--served-model-name", "demo-model", "--num-kv-blocks", "256")),
-    "cpu": dict(model="preset:llama-120m", name="preset:llama-120m", input_len=128, output_len=32,
-                sweep_requests=24, rate_fractions=(0.2, 0.4, 0.6, 0.8, 1.0), batch1_requests=8,
-                streams=64, server_args=()),
-    "cuda": dict(model="preset:llama-3.2-1b", name="preset:llama-3.2-1b", input_len=512,
-                 output_len=128, sweep_requests=200, rate_fractions=(0.2, 0.4, 0.6, 0.8, 1.0),
-                 batch1_requests=16, streams=64, server_args=()),
-}
 
 
 def _load(target: Target, reqs, max_concurrency=None, slo=None) -> LoadResult:

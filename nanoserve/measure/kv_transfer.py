@@ -19,7 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from nanoserve.engine.kv_cache import allocate_kv_cache
-from nanoserve.engine.kv_connector import KVConnectorMetadata, KVConnectorRole, KVTransferConfig, LoadSpec, SaveSpec
+from nanoserve.engine.kv_connector import (
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVTransferConfig,
+    LoadSpec,
+    SaveSpec,
+)
 from nanoserve.engine.kv_transport import KVLayout, new_name
 from nanoserve.engine.shm_connector import make_kv_connector
 from nanoserve.measure.fit import nonneg_lstsq
@@ -82,14 +88,16 @@ def measure_transfers(engine, prompt_lens: Sequence[int] = (16, 64, 256, 1024), 
             src, dst = list(range(nb)), list(range(most, most + nb))
             for _ in range(reps + 1):  # the first is a warm-up
                 handle = new_name()
-                producer.bind_connector_metadata(KVConnectorMetadata(saves=[SaveSpec("r", handle, src, tokens)]))
+                save = SaveSpec("r", handle, src, tokens)
+                producer.bind_connector_metadata(KVConnectorMetadata(saves=[save]))
                 for i, (k, v) in enumerate(caches):
                     producer.save_kv_layer(i, k, v)
                 failed = producer.wait_for_save()
                 producer.clear_connector_metadata()
                 if failed:
                     raise RuntimeError(failed["r"])
-                consumer.bind_connector_metadata(KVConnectorMetadata(loads=[LoadSpec("r", handle, dst, 0, n, tokens)]))
+                load = LoadSpec("r", handle, dst, 0, n, tokens)
+                consumer.bind_connector_metadata(KVConnectorMetadata(loads=[load]))
                 consumer.start_load_kv()
                 consumer.clear_connector_metadata()
             _check_copy(caches, src, dst, n, bs)

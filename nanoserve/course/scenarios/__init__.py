@@ -12,11 +12,14 @@ re-exported here, so a notebook writes `from nanoserve.course import scenarios` 
   serving.py         07: metrics, stratification, goodput; the simulator calibrated here
   pricing.py         08: $ per 1M input / output tokens, at a price per hour and at an SLO
   disaggregation.py  09: the simulator checked here; colocated vs disaggregated serving
+  disagg_real.py     09: a real prefill and decode instance with a KV transfer, against one engine
+                     (a module of its own: `scenarios.disagg_real.run_layouts(...)`)
 
 Shared set-up (sizes, loading, fresh engines) is course.setup. Deliberately left out: figures
 and widgets (course.widgets) and engine logic of any kind.
 """
 
+from nanoserve.course.scenarios import disagg_real  # noqa: F401 (scenarios.disagg_real)
 from nanoserve.course.scenarios.common import (
     measure_decode_step,
     measure_prefill,
