@@ -107,7 +107,7 @@ SIZES: dict[str, dict[str, dict]] = {
     "09": {
         "quick": dict(num_requests=16, input_median=192, output_median=16,
                       sim_requests=40, rates=3, datasheet_requests=40),
-        "cpu": dict(num_requests=24, input_median=256, output_median=32,
+        "cpu": dict(num_requests=16, input_median=256, output_median=32,
                     sim_requests=120, rates=5, datasheet_requests=80),
         "cuda": dict(num_requests=200, input_median=1024, output_median=128,
                      sim_requests=300, rates=5, datasheet_requests=120),

@@ -264,14 +264,17 @@ def calibrate_threads(llm, threads: int, num_requests: int, input_median: int,
 
 
 def predict_layouts(llm, setup: RealSetup, fit: TransferFit, num_requests: int, input_median: int,
-                    output_median: int) -> dict:
+                    output_median: int, calibrated: DeviceModel | None = None) -> dict:
     """The simulator's prediction of both runs: each layout on a cost model calibrated here at
     its instances' thread count (calibrate_device's run at these sizes), the disaggregated one
-    over a link of the measured transfer bandwidth. -> {"colocated": SimResult, "disaggregated": ...}."""
+    over a link of the measured transfer bandwidth. `calibrated`: a calibrate_device result the
+    caller already has, taken at this process's current thread count (not calibrated again).
+    -> {"colocated": SimResult, "disaggregated": ...}."""
     from nanoserve.sim.devices import Link
     from nanoserve.sim.disagg import simulate_colocated, simulate_disaggregated
-    models = {n: calibrate_threads(llm, n, num_requests, input_median, output_median)
-              for n in sorted(set(setup.threads()))}
+    models = {} if calibrated is None else {torch.get_num_threads(): calibrated}
+    for n in sorted(set(setup.threads()) - set(models)):
+        models[n] = calibrate_threads(llm, n, num_requests, input_median, output_median)
     colo, inst = (models[n] for n in setup.threads())
     w, link = setup.interference.workload, Link("shared memory", fit.bandwidth, "measured here")
     return {"colocated": simulate_colocated(w, colo.model_config, colo.cost_model, 1, setup.config,
