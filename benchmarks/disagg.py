@@ -26,7 +26,6 @@ Writes benchmarks/results/disagg-<date>[-quick].{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -34,7 +33,7 @@ from datetime import datetime
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from http_peers import machine  # noqa: E402
-from peers import other_cpu_load  # noqa: E402
+from peers import other_cpu_load, write_report  # noqa: E402
 
 from nanoserve.course import setup  # noqa: E402
 from nanoserve.course.scenarios import disagg_real as real  # noqa: E402
@@ -118,15 +117,7 @@ def main(argv=None) -> int:
     report["failed"] = {r.layout: sum(not o.success for o in r.outputs) for r in runs.values()}
     report["raw"] = {n: r.result.to_json() for n, r in runs.items()}
     report["seconds"] = time.perf_counter() - t0
-    os.makedirs(args.out_dir, exist_ok=True)
-    stem = os.path.join(args.out_dir, f"disagg-{datetime.now().strftime('%Y-%m-%dT%H%M')}"
-                                      + ("-quick" if args.quick else ""))
-    with open(stem + ".json", "w") as f:
-        json.dump(report, f, indent=1, default=str)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(report))
-    print(markdown(report))
-    print(f"written: {stem}.json, {stem}.md")
+    write_report(report, markdown(report), args.out_dir, "disagg", args.quick)
     return 0
 
 

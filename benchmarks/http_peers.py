@@ -36,7 +36,7 @@ from datetime import datetime
 from importlib import metadata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import other_cpu_load  # noqa: E402
+from peers import other_cpu_load, write_report  # noqa: E402
 
 from nanoserve import LLM, EngineConfig  # noqa: E402
 from nanoserve.measure import datasets, http_compare  # noqa: E402
@@ -214,15 +214,7 @@ def main(argv=None) -> int:
             "poisson ITL p50 vLLM / nanoserve": b["poisson ITL p50 (ms)"] / a["poisson ITL p50 (ms)"]}
         report["in_process_vs_http"] = {**report.get("in_process_vs_http", {}), "nanoserve vs vLLM": {
             k: round(v, 3) for k, v in report["ratios"].items()}}
-    os.makedirs(args.out_dir, exist_ok=True)
-    stem = os.path.join(args.out_dir, f"http-{datetime.now().strftime('%Y-%m-%dT%H%M')}"
-                                      + ("-quick" if args.quick else ""))
-    with open(stem + ".json", "w") as f:
-        json.dump(report, f, indent=1, default=str)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(report))
-    print(markdown(report))
-    print(f"written: {stem}.json, {stem}.md")
+    write_report(report, markdown(report), args.out_dir, "http", args.quick)
     return 0
 
 

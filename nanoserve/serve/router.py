@@ -258,25 +258,20 @@ def build_router_app(router: Router, api_key: str | None = None, on_stop=None) -
     if api_key:
         app.add_middleware(AuthenticationMiddleware, api_key=api_key)
 
-    async def body_of(raw: Request):
+    async def forward(raw: Request, path: str, chat: bool):
         try:
-            return json.loads(await raw.body())
+            body = json.loads(await raw.body())
         except ValueError as e:
-            return e
+            return _error(400, f"the request body is not valid JSON: {e}")
+        return await router.handle(body, path, chat=chat)
 
     @app.post("/v1/completions")
     async def completions(raw: Request):
-        body = await body_of(raw)
-        if isinstance(body, ValueError):
-            return _error(400, f"the request body is not valid JSON: {body}")
-        return await router.handle(body, "/v1/completions", chat=False)
+        return await forward(raw, "/v1/completions", chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
-        body = await body_of(raw)
-        if isinstance(body, ValueError):
-            return _error(400, f"the request body is not valid JSON: {body}")
-        return await router.handle(body, "/v1/chat/completions", chat=True)
+        return await forward(raw, "/v1/chat/completions", chat=True)
 
     @app.get("/v1/models")
     async def models():

@@ -109,8 +109,9 @@ def test_bad_requests_are_the_instances_answers(deployment):
                         ({"prompt": [11] * 1100}, "prompt"), ({"max_tokens": 3}, "prompt")):
         r = httpx.post(url + "/v1/completions", json=body, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
-    r = httpx.post(url + "/v1/completions", content=b"{nope", timeout=30)
-    assert r.status_code == 400
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        r = httpx.post(url + path, content=b"{nope", timeout=30)
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"], r.text
 
 
 def _hand_off(prefill_url: str, prompt: str) -> dict:
