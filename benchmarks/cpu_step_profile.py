@@ -50,13 +50,9 @@ def worker(dtype: str, model: str, threads: int | None, shapes: list) -> None:
 
 def machine() -> dict:
     import torch
-    flags = open("/proc/cpuinfo").read().split()
-    model = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(
-        ["lscpu"], capture_output=True, text=True).stdout.splitlines()
-        if ln.startswith("Model name")), "unknown")
-    return dict(cpu=model, cores=os.cpu_count(), avx512f="avx512f" in flags,
-                amx_bf16="amx_bf16" in flags, avx2="avx2" in flags, torch=torch.__version__,
-                threads=torch.get_num_threads(), cpu_capability=torch.backends.cpu.get_cpu_capability())
+    from peers import cpu_facts  # here, not at the top: workers run other checkouts' code
+    return dict(cpu_facts(), torch=torch.__version__, threads=torch.get_num_threads(),
+                cpu_capability=torch.backends.cpu.get_cpu_capability())
 
 
 def run_checkout(path: str, dtype: str, args) -> list[dict]:

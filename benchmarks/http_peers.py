@@ -36,11 +36,10 @@ from datetime import datetime
 from importlib import metadata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import other_cpu_load, write_report  # noqa: E402
+from peers import cpu_facts, other_cpu_load, write_report  # noqa: E402
 
 from nanoserve import LLM, EngineConfig  # noqa: E402
 from nanoserve.measure import datasets, http_compare  # noqa: E402
-from nanoserve.measure.ceilings import device_name  # noqa: E402
 from nanoserve.measure.loadgen import Target, run, run_sync  # noqa: E402
 from nanoserve.model import load_model, save_hf_checkpoint  # noqa: E402
 from nanoserve.serve.launch import ServerProcess  # noqa: E402
@@ -124,18 +123,12 @@ def in_process_vs_http(folder: str, dtype: str, target: Target, sz: dict) -> dic
 
 
 def machine() -> dict:
-    flags = open("/proc/cpuinfo").read()
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
-                  if line.startswith("Model name")), device_name("cpu"))
-
     def version(pkg):
         try:
             return metadata.version(pkg)
         except metadata.PackageNotFoundError:
             return None
-    return {"cpu": model, "cores": os.cpu_count(), "amx_bf16": " amx_bf16" in flags,
-            "avx512f": " avx512f" in flags, "python": platform.python_version(),
+    return {**cpu_facts(), "python": platform.python_version(),
             **{p: version(p) for p in ("nanoserve", "torch", "fastapi", "uvicorn", "httpx")}}
 
 

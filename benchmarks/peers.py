@@ -31,6 +31,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +81,17 @@ def write_report(report: dict, text: str, out_dir: str, name: str, quick: bool,
         f.write(text)
     print(text + f"\nwritten: {stem}.json, {stem}.md")
     return stem
+
+
+def cpu_facts() -> dict:
+    """The CPU a result was measured on: lscpu's model name, cores, and the flags that decide
+    which matmul kernels exist (AVX2, AVX-512, AMX bf16)."""
+    flags = open("/proc/cpuinfo").read().split()
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
+                  if line.startswith("Model name")), platform.processor() or "unknown")
+    return {"cpu": model, "cores": os.cpu_count(), "avx2": "avx2" in flags,
+            "avx512f": "avx512f" in flags, "amx_bf16": "amx_bf16" in flags}
 
 
 def other_cpu_load(interval: float = 1.0) -> float:
