@@ -9,20 +9,30 @@ Sections, in order (each guarded: an error or a skip is recorded, and the run mo
   nanoserve_*      preset:qwen2.5-0.5b, bf16: decode B=1/8/32/128, prefill 128-8192 tokens, offline
                    256 requests (lengths uniform in 100-1024, seed 0, EOS ignored); *_eager_*: the
                    same with enforce_eager (no CUDA graphs)
+  lesson_05        lesson 05's experiment at its GPU size (Llama-3.2-1B shapes, 32 decoders, 8192-token
+                   prompts): decoder ITL and long-prompt TTFT without chunking and at each token budget
+  nanoserve_decode_8b  batch-1 and batch-8 decode on Llama-3-8B shapes (bf16, 16 GB of weights): the
+                   bandwidth utilisation a decode step reaches when the weights, not the host, dominate
   hf_*             HF transformers on the same weights: generate (decode, prefill, static batches
                    offline), continuous batching (hf_continuous)
+Achieved GB/s and TFLOP/s count the compulsory bytes and FLOPs of each step (measure/roofline.py's
+step_cost); the summary divides them by the measured copy bandwidth and bf16 matmul peak (MBU, MFU)
+and by the datasheet's HBM bandwidth.
 Groups of sections run in child processes with time limits, so a hang or a broken CUDA context
 costs one group; the JSON is rewritten as results come in, and late sections are skipped.
 
 On a lent GPU (device tool `run`): the image's python3 already has torch, triton, transformers,
-pytest, pytest-xdist and hypothesis, so nothing is installed or carried. About 5-7 minutes:
+pytest, pytest-xdist and hypothesis, so nothing is installed or carried. About 9 minutes (the
+first H200 run, 2026-11-30: 544 s; the machine started in about 30 s):
 
     run(command="export PYTHONUNBUFFERED=1; set -o pipefail; nvidia-smi -L; "
-                "python3 benchmarks/gpu_check.py --out $OUT/ 2>&1 | tee $OUT/gpu_check.log",
-        timeout_s=540)
+                "python3 benchmarks/gpu_check.py --budget-s 540 --out $OUT/ 2>&1 | tee $OUT/gpu_check.log",
+        timeout_s=590)
 
-then give_back, and copy gpu-<date>-<gpu>.json from files_at into benchmarks/results/. The run
-stays inside --budget-s (450 s) plus at most 20 s, so timeout_s=540 leaves room for the start.
+then give_back unless a group failed: `--groups big,hf` reruns only those (the machine stays warm
+for 30 s after a call). Copy gpu-<date>-<gpu>.json from files_at into benchmarks/results/. The
+run stays inside --budget-s plus at most 20 s. HF's offline sections need more than their caps at
+these sizes (its generate took 70-93 ms a step on the H200), so they come last.
 On a CPU (CI, tests/test_gpu_check.py), every section end to end with tiny shapes:
 
     python benchmarks/gpu_check.py --dry-run --out /tmp/gpu.json
@@ -55,6 +65,8 @@ GROUPS = {  # child process -> (its time limit on a GPU, {its sections in order:
     "check": (70, {"equivalence": 10, "ceilings": 5}),
     "nanoserve": (170, {"nanoserve_decode": 15, "nanoserve_prefill": 8, "nanoserve_offline": 25,
                         "nanoserve_eager_decode": 15, "nanoserve_eager_offline": 30}),
+    "lesson": (100, {"lesson_05": 30}),
+    "big": (70, {"nanoserve_decode_8b": 40}),
     "hf": (130, {"hf_decode": 15, "hf_prefill": 8, "hf_offline_static": 40}),
     "hf_cb": (90, {"hf_continuous": 30}),
 }
@@ -69,6 +81,10 @@ SHAPES = {
                 kv_bytes=64 << 20, max_seqs=16, max_batched=256, max_model_len=512, graph_sizes=[1, 2, 4],
                 kernel_k="constant_vector or known_angles"),  # Triton's interpreter: a small subset
 }
+BIG = {"gpu": dict(model="preset:llama-3-8b", decode_batches=[1, 8], kv_bytes=8 << 30),
+       "dry": dict(model="preset:tiny", decode_batches=[1, 2], kv_bytes=16 << 20)}
+# HBM bandwidth on NVIDIA's datasheets (bytes/s), matched by a substring of the GPU's name
+HBM_DATASHEET = {"H200": 4.8e12, "H100 80GB HBM3": 3.35e12, "A100-SXM4-80GB": 2.039e12}
 
 
 def write_json(path: str, obj) -> None:
@@ -126,9 +142,10 @@ class Ctx:
         if self.dev == "cuda":
             self.torch.cuda.empty_cache()
 
-    def prompts(self, n: int, length: int, seed: int) -> list[list[int]]:
+    def prompts(self, n: int, length: int, seed: int, model: str | None = None) -> list[list[int]]:
         from nanoserve.model import preset_config
-        rng, vocab = random.Random(seed), preset_config(self.S["model"].split(":", 1)[1]).vocab_size
+        vocab = preset_config((model or self.S["model"]).split(":", 1)[1]).vocab_size
+        rng = random.Random(seed)
         return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
 
     def workload(self) -> list[tuple[list[int], int]]:
@@ -291,27 +308,43 @@ def sec_ceilings(ctx):
         ctx.fig(name, 10 * work / statistics.median(times), unit)
 
 
-def decode_sweep(ctx, step_times, note: str):
-    """step_times(prompts, n_tokens) -> seconds of each full-batch decode step; figures per batch."""
-    S = ctx.S
+def step_cost(ctx, batch, model: str | None = None):
+    """Compulsory FLOPs and bytes of one step of `model` (default: the sections' model)."""
+    from nanoserve.measure.roofline import dtype_bytes, step_cost
+    from nanoserve.model import preset_config
+    cfg = preset_config((model or ctx.S["model"]).split(":", 1)[1])
+    return step_cost(cfg, batch, dtype_bytes(ctx.S["dtype"]))
+
+
+def decode_sweep(ctx, step_times, note: str, batches=None, model: str | None = None):
+    """step_times(prompts, n_tokens) -> seconds of each full-batch decode step; figures per batch,
+    with the compulsory bytes per step over the step's time (GB/s)."""
+    from nanoserve.measure.roofline import decode_batch
+    S, batches = ctx.S, batches or ctx.S["decode_batches"]
+    context = S["prompt_len"] + S["decode_steps"] // 2  # the median step's context
     ctx.info(prompt_len=S["prompt_len"], decode_steps=S["decode_steps"], timing=note)
-    step_times(ctx.prompts(2, S["prompt_len"], 99), 4)  # warm-up
-    for B in S["decode_batches"]:
+    step_times(ctx.prompts(2, S["prompt_len"], 99, model), 4)  # warm-up
+    for B in batches:
         if ctx.left() < 10:
-            return ctx.info(skipped_batches=[b for b in S["decode_batches"] if b >= B])
-        steps = step_times(ctx.prompts(B, S["prompt_len"], B), S["decode_steps"] + 3)
+            return ctx.info(skipped_batches=[b for b in batches if b >= B])
+        steps = step_times(ctx.prompts(B, S["prompt_len"], B, model), S["decode_steps"] + 3)
         itl = statistics.median(steps[2:] or steps)
         ctx.fig(f"decode_B{B}_tokens_per_s", B / itl, "tokens/s")
         ctx.fig(f"decode_B{B}_itl", itl * 1e3, "ms")
+        ctx.fig(f"decode_B{B}_GBps", step_cost(ctx, decode_batch(B, context), model).total_bytes / itl / 1e9,
+                "GB/s (compulsory bytes / step time)")
 
 
 def prefill_sweep(ctx, run_one, note: str):
     """run_one(prompt) answers one prompt with one token: median wall time over fresh prompts."""
+    from nanoserve.measure.roofline import prefill_batch
     ctx.info(timing=note)
     for P in ctx.S["prefill_lens"]:
         times = [ctx.timed(lambda: run_one(p)) for p in ctx.prompts(ctx.S["reps"] + 1, P, P)][1:]
         ctx.fig(f"prefill_{P}_time", statistics.median(times) * 1e3, "ms")
         ctx.fig(f"prefill_{P}_tokens_per_s", P / statistics.median(times), "tokens/s")
+        ctx.fig(f"prefill_{P}_TFLOPs", step_cost(ctx, prefill_batch(P)).total_flops / statistics.median(times)
+                / 1e12, "TFLOP/s (useful FLOPs / time)")
 
 
 def throughput(ctx, seconds: float, reqs, n_out: int, **info) -> None:
@@ -323,9 +356,9 @@ def throughput(ctx, seconds: float, reqs, n_out: int, **info) -> None:
     ctx.info(requests=len(reqs), input_tokens=n_in, output_tokens=n_out, **info)
 
 
-def nanoserve_decode(ctx, eager: bool):
+def nanoserve_decode(ctx, eager: bool, llm=None, batches=None, model: str | None = None):
     from nanoserve import SamplingParams
-    llm = ctx.llm(eager)
+    llm = llm or ctx.llm(eager)
 
     def step_times(prompts, n):
         llm.engine.trace.clear()
@@ -334,7 +367,66 @@ def nanoserve_decode(ctx, eager: bool):
                 and r.num_decode_tokens == len(prompts)]
     graphs = llm.engine.executor.graphs
     ctx.info(cuda_graphs=bool(graphs is not None and graphs.enabled))
-    decode_sweep(ctx, step_times, "median wall time of an engine step decoding the whole batch")
+    decode_sweep(ctx, step_times, "median wall time of an engine step decoding the whole batch",
+                 batches, model)
+    if graphs is not None and graphs.enabled:
+        graph_replay(ctx, graphs, batches or ctx.S["decode_batches"], model)
+
+
+def graph_replay(ctx, graphs, batches, model: str | None) -> None:
+    """GPU time of the captured decode forward alone (no lm_head, sampling or host work): what
+    the step would take if the engine's Python cost were zero. The buffers hold the last step's
+    inputs, whose blocks are free by now, so replaying writes only to unused KV slots."""
+    from nanoserve.measure.roofline import decode_batch
+    context = ctx.S["prompt_len"] + ctx.S["decode_steps"] // 2
+    for B in batches:
+        if B not in graphs.graphs or ctx.left() < 5:
+            continue
+        graph = graphs.graphs[B]
+        graph.replay()
+        t = statistics.median(ctx.timed(lambda: [graph.replay() for _ in range(20)]) / 20 for _ in range(5))
+        cost = step_cost(ctx, decode_batch(B, context), model)
+        ctx.fig(f"decode_B{B}_graph_replay", t * 1e3, "ms (model forward, no lm_head)")
+        ctx.fig(f"decode_B{B}_graph_replay_GBps", (cost.total_bytes - cost.bytes["lm_head"]) / t / 1e9,
+                "GB/s (compulsory bytes without lm_head / replay time)")
+
+
+def sec_nanoserve_decode_8b(ctx):
+    """Decode on the largest preset: a step reads 16 GB, so the GPU, not the host, sets its time."""
+    from nanoserve import LLM, EngineConfig
+    big = BIG["dry" if ctx.dry else "gpu"]
+    top = max(big["decode_batches"])
+    cfg = EngineConfig(block_size=16, kv_cache_memory=big["kv_bytes"], max_num_seqs=top,
+                       max_num_batched_tokens=ctx.S["prompt_len"] * top,
+                       max_model_len=2048, enable_prefix_caching=False,
+                       cuda_graph_batch_sizes=big["decode_batches"])
+    t = time.perf_counter()
+    llm = LLM(big["model"], device=ctx.dev, dtype=ctx.S["dtype"], seed=0, config=cfg)
+    ctx.info(model=big["model"], load_s=round(time.perf_counter() - t, 2))
+    nanoserve_decode(ctx, False, llm, big["decode_batches"], big["model"])
+
+
+def sec_lesson_05(ctx):
+    """Lesson 05's cells, minus the figures and widgets, at the sizes it picks on this device."""
+    from nanoserve.course import scenarios, setup
+    t = time.perf_counter()
+    sizes = setup.sizes("05", quick=ctx.dry, device=ctx.dev)
+    llm = setup.load_llm(sizes["model"], device=ctx.dev)
+    su = scenarios.interference_setup(llm, sizes["num_decoders"], sizes["long_prompt_len"], sizes["num_long"],
+                                      min_budget=min(sizes["budgets"]))
+    ctx.info(sizes={k: v for k, v in sizes.items()}, setup=su.describe(), load_and_probe_s=round(
+        time.perf_counter() - t, 2))
+    runs = scenarios.interference_grid(llm, su, sizes["budgets"], progress=False)
+    rows = []
+    for r in runs:
+        row = r.summary()
+        rows.append(row)
+        key = "nochunk" if r.budget is None else f"budget{r.budget}"
+        ctx.fig(f"{key}_decoder_itl_p50", row["decoder ITL p50 (ms)"], "ms")
+        ctx.fig(f"{key}_decoder_itl_p99", row["decoder ITL p99 (ms)"], "ms")
+        ctx.fig(f"{key}_long_ttft_median", row["long TTFT median (ms)"], "ms")
+    ctx.info(table=rows)
+    ctx.fig("lesson_seconds", time.perf_counter() - t, "s (load, probes and every run)")
 
 
 def nanoserve_offline(ctx, eager: bool):
@@ -342,11 +434,13 @@ def nanoserve_offline(ctx, eager: bool):
     llm, reqs = ctx.llm(eager), ctx.workload()
     params = [SamplingParams(max_tokens=o, temperature=0.0, ignore_eos=True) for _, o in reqs]
     llm.engine.trace.clear()
-    stats, steps0, pre0, outs = llm.engine.stats, llm.engine.stats.steps, llm.engine.stats.preemptions, []
+    before, outs = llm.engine.stats, []  # a snapshot
     dt = ctx.timed(lambda: outs.extend(llm.generate([p for p, _ in reqs], params)))
+    after = llm.engine.stats
     n_out = sum(len(o.token_ids) for o in outs)
     assert n_out == sum(o for _, o in reqs), "an output is shorter than asked for (EOS is ignored)"
-    throughput(ctx, dt, reqs, n_out, steps=stats.steps - steps0, preemptions=stats.preemptions - pre0)
+    throughput(ctx, dt, reqs, n_out, steps=after.steps - before.steps,
+               preemptions=after.preemptions - before.preemptions)
 
 
 def sec_nanoserve_prefill(ctx):
@@ -439,7 +533,8 @@ SECTION_FNS = {
     "nanoserve_decode": lambda c: nanoserve_decode(c, False), "nanoserve_prefill": sec_nanoserve_prefill,
     "nanoserve_offline": lambda c: nanoserve_offline(c, False),
     "nanoserve_eager_decode": lambda c: nanoserve_decode(c, True),
-    "nanoserve_eager_offline": lambda c: nanoserve_offline(c, True), "hf_decode": sec_hf_decode,
+    "nanoserve_eager_offline": lambda c: nanoserve_offline(c, True), "lesson_05": sec_lesson_05,
+    "nanoserve_decode_8b": sec_nanoserve_decode_8b, "hf_decode": sec_hf_decode,
     "hf_prefill": sec_hf_prefill, "hf_offline_static": sec_hf_offline_static,
     "hf_continuous": sec_hf_continuous,
 }
@@ -512,8 +607,11 @@ def environment() -> dict:
     return env
 
 
-def summary(sections: dict) -> dict:
-    """Ratios of one section's figure over another's (x), where both were measured."""
+def summary(sections: dict, gpu: str | None = None) -> dict:
+    """Ratios of one section's figure over another's (x), where both were measured; and each
+    step's achieved bandwidth and FLOP/s over the measured ceilings (MBU, MFU) and over the
+    datasheet's HBM bandwidth."""
+    value = lambda sec, fig: sections.get(sec, {}).get("figures", {}).get(fig, {}).get("value")
     fig = "offline_total_tokens_per_s"
     pairs = {"offline_nanoserve_over_hf_static": ("nanoserve_offline", "hf_offline_static", fig),
              "offline_nanoserve_over_hf_continuous": ("nanoserve_offline", "hf_continuous", fig),
@@ -522,9 +620,24 @@ def summary(sections: dict) -> dict:
         fig = f"decode_B{B}_tokens_per_s"
         pairs[f"decode_B{B}_nanoserve_over_hf"] = ("nanoserve_decode", "hf_decode", fig)
         pairs[f"decode_B{B}_graphs_over_eager"] = ("nanoserve_decode", "nanoserve_eager_decode", fig)
-    value = lambda sec, fig: sections.get(sec, {}).get("figures", {}).get(fig, {}).get("value")
-    return {name: {"value": float(f"{value(a, fig) / value(b, fig):.4g}"), "unit": "x"}
-            for name, (a, b, fig) in pairs.items() if value(a, fig) and value(b, fig)}
+    out = {name: {"value": float(f"{value(a, fig) / value(b, fig):.4g}"), "unit": "x"}
+           for name, (a, b, fig) in pairs.items() if value(a, fig) and value(b, fig)}
+    copy, peak = value("ceilings", "copy_bandwidth"), value("ceilings", "matmul_bfloat16")
+    hbm = next((bw / 1e9 for key, bw in HBM_DATASHEET.items() if gpu and key in gpu), None)
+    for sec in ("nanoserve_decode", "nanoserve_eager_decode", "hf_decode", "nanoserve_decode_8b"):
+        for fig, v in sections.get(sec, {}).get("figures", {}).items():
+            if fig.endswith("GBps"):
+                stem = f"{sec}_{fig.removesuffix('_GBps').removeprefix('decode_')}"
+                for ceiling, name, unit in [(copy, "mbu", "of the measured copy bandwidth"),
+                                            (hbm, "of_hbm_datasheet", "of the datasheet's HBM bandwidth")]:
+                    if ceiling:
+                        out[f"{stem}_{name}"] = {"value": float(f"{v['value'] / ceiling:.4g}"), "unit": unit}
+    for sec in ("nanoserve_prefill", "hf_prefill"):
+        for fig, v in sections.get(sec, {}).get("figures", {}).items():
+            if fig.endswith("TFLOPs") and peak:
+                out[f"{sec}_{fig.removesuffix('_TFLOPs').removeprefix('prefill_')}_mfu"] = {
+                    "value": float(f"{v['value'] / peak:.4g}"), "unit": "of the measured bf16 matmul peak"}
+    return out
 
 
 def print_table(result: dict) -> None:
@@ -562,7 +675,9 @@ def run_parent(args) -> int:
         limit = min(180 if args.dry_run else cap, left)
         part = os.path.join(tempfile.gettempdir(), f"gpu_check_{os.getpid()}_{group}.json")
         rc = None
-        if limit >= 5:
+        if args.groups and group not in args.groups:
+            left = -1  # reported below as not run
+        elif limit >= 5:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", group, "--part", part,
                    "--deadline", str(time.time() + limit)] + ["--dry-run"] * args.dry_run
             proc = subprocess.Popen(cmd, start_new_session=True)  # own process group: a kill takes pytest too
@@ -578,14 +693,15 @@ def run_parent(args) -> int:
                 secs = json.load(f)
             os.remove(part)
         for n in names:
-            why = f"its group's process ended before it ({rc})" if rc else f"no time left ({left:.0f} s)"
+            why = (f"its group's process ended before it ({rc})" if rc else "its group was not asked for"
+                   if left == -1 else f"no time left ({left:.0f} s)")
             sec = secs.get(n) or {"status": "skipped", "reason": why, "figures": {}, "info": {}}
             if sec["status"] == "running":
                 sec.update(status="error", reason=f"its process ended while it ran ({rc}); partial figures")
             result["sections"][n] = sec
         result["elapsed_s"] = round(time.time() - t0, 1)
         write_json(out, result)
-    result["summary"] = summary(result["sections"])
+    result["summary"] = summary(result["sections"], result["env"].get("gpu"))
     write_json(out, result)
     print_table(result)
     return 0
@@ -597,6 +713,8 @@ def main(argv=None) -> int:
                                    "(default: benchmarks/results/gpu-<date>-<gpu>.json)")
     ap.add_argument("--budget-s", type=float, default=450.0, help="seconds for the run; late sections skip")
     ap.add_argument("--dry-run", action="store_true", help="CPU, preset:tiny, tiny shapes, reference kernels")
+    ap.add_argument("--groups", type=lambda s: s.split(","), help=f"run only these groups (a rerun of what "
+                    f"failed), comma-separated, of: {','.join(GROUPS)}")
     ap.add_argument("--child", choices=list(GROUPS), help=argparse.SUPPRESS)
     ap.add_argument("--part", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)

@@ -65,6 +65,13 @@ def test_dry_run_reports_every_section_with_units(tmp_path):
     for sec in ("nanoserve_offline", "nanoserve_eager_offline", "hf_offline_static"):
         assert secs[sec]["figures"]["offline_total_tokens_per_s"]["unit"].startswith("tokens/s")
     assert {"decode_B1_nanoserve_over_hf", "offline_graphs_over_eager"} <= set(result["summary"])
+    lesson = secs["lesson_05"]["figures"]
+    assert lesson["nochunk_decoder_itl_p99"]["value"] > 0 and lesson["lesson_seconds"]["value"] > 0
+    assert len([f for f in lesson if f.endswith("_decoder_itl_p99")]) == 4, "no chunking and 3 budgets"
+    assert secs["nanoserve_decode_8b"]["figures"]["decode_B1_GBps"]["value"] > 0
+    mbu = result["summary"]["nanoserve_decode_B1_mbu"]
+    assert 0 < mbu["value"] < 1.5 and "copy bandwidth" in mbu["unit"]
+    assert 0 < result["summary"]["nanoserve_prefill_48_mfu"]["value"] < 1.5
     for line in ("kernel_tests", "passed", "tokens/s", "GB/s", "TFLOP/s", "ms"):
         assert line in stdout, f"the printed table lacks {line!r}"
 

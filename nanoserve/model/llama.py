@@ -174,8 +174,12 @@ class LlamaForCausalLM(nn.Module):
         return F.linear(hidden, self.lm_head_weight()).float()
 
     def init_random_weights(self, seed: int = 0, std: float = 0.02):
-        """Random weights of the right shape (timing depends on shapes, not values)."""
-        g = torch.Generator().manual_seed(seed)
+        """Random weights of the right shape (timing depends on shapes, not values).
+
+        Drawn on the parameters' device: a CPU draws about 1e8 numbers/s, so an 8B-parameter
+        preset would take minutes to build for a GPU (values then differ between CPU and GPU)."""
+        device = next(self.parameters()).device
+        g = torch.Generator(device=device).manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if name.endswith("norm") or "layernorm" in name or name.endswith("_norm"):
@@ -183,4 +187,4 @@ class LlamaForCausalLM(nn.Module):
                 elif name.endswith("bias"):
                     p.zero_()
                 else:
-                    p.copy_(torch.randn(p.shape, generator=g) * std)
+                    p.copy_(torch.randn(p.shape, generator=g, device=device) * std)

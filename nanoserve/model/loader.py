@@ -124,7 +124,8 @@ def load_model(model: str | ModelConfig, device="cpu", dtype="float32", seed: in
     else:
         folder = resolve_model_path(model)
         cfg = ModelConfig.from_json(os.path.join(folder, "config.json"))
-    net = LlamaForCausalLM(cfg, device)
+    with torch.device(device):  # parameters born on the device: an 8B preset built on a CPU takes minutes
+        net = LlamaForCausalLM(cfg, device)
     if folder is None:
         net.init_random_weights(seed)
     else:

@@ -13,13 +13,13 @@ re-exported here, so a notebook writes `from nanoserve.course import scenarios` 
   pricing.py         08: $ per 1M input / output tokens, at a price per hour and at an SLO
   disaggregation.py  09: the simulator checked here; colocated vs disaggregated serving
   disagg_real.py     09: a real prefill and decode instance with a KV transfer, against one engine
-                     (a module of its own: `scenarios.disagg_real.run_layouts(...)`)
+                     (a module of its own: `scenarios.disagg_real.run_layouts(...)`, imported on
+                     first use: it brings the HTTP server's packages, which lessons 05-08 don't need)
 
 Shared set-up (sizes, loading, fresh engines) is course.setup. Deliberately left out: figures
 and widgets (course.widgets) and engine logic of any kind.
 """
 
-from nanoserve.course.scenarios import disagg_real  # noqa: F401 (scenarios.disagg_real)
 from nanoserve.course.scenarios.common import (
     measure_decode_step,
     measure_prefill,
@@ -76,6 +76,14 @@ from nanoserve.course.scenarios.serving import (
     stratified_table,
     workload_shift,
 )
+
+
+def __getattr__(name: str):
+    if name == "disagg_real":
+        import importlib
+        return importlib.import_module(f"{__name__}.disagg_real")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DeviceModel", "DisaggStudy", "EvictionPoint", "InterferenceRun", "InterferenceSetup",
