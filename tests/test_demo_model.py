@@ -100,3 +100,58 @@ def test_sampled_text_is_play_like_english(model, tokenizer, heldout_text):
     text = tokenizer.decode(sampled[0, x.shape[1]:], skip_special_tokens=True)
     assert "\n" in text
     assert {"the", "and", "i", "to", "of", "you", "my", "a"} & set(re.findall(r"[a-z]+", text.lower()))
+
+
+def load_training_script():
+    """scripts/train_demo_model.py as a module: the quality check is defined once, there."""
+    import importlib.util
+    path = MODEL_DIR.parent.parent.parent / "scripts" / "train_demo_model.py"
+    spec = importlib.util.spec_from_file_location("train_demo_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_text_quality_meets_the_targets_and_the_card(model, tokenizer, eval_info):
+    """Issue 14's targets on the card's figures (means over three sampling seeds): at least 90%
+    real words and 75% real word pairs. Then the shipped model sampled again at the first seed
+    reproduces that seed's figures within 3 points: a CPU that rounds differently can change one
+    draw and everything after it, so not exactly."""
+    train = load_training_script()
+    card = eval_info["quality"]
+    assert card["real_words"] >= 0.90 and card["real_pairs"] >= 0.75, card
+    first = card["per_seed"][0]
+    got = train.text_quality(model, tokenizer, eval_info["quality_prompts"],
+                             train.load_pairs(MODEL_DIR / "word_pairs.txt.gz"), seed=first["seed"],
+                             max_new_tokens=first["max_new_tokens"])
+    assert got["words"] >= 1000
+    assert abs(got["real_words"] - first["real_words"]) <= 0.03, (got, first)
+    assert abs(got["real_pairs"] - first["real_pairs"]) <= 0.03, (got, first)
+
+
+def test_quality_counts_words_and_pairs_of_the_corpus():
+    """The counter itself, on text whose answer is known: a garbled word and a pair never seen."""
+    train = load_training_script()
+    pairs = train.word_pairs(["To be, or not to be:", "that is the question."])
+    assert ("be", "or") in pairs and ("be", "that") not in pairs  # within a text, not across
+
+    class Echo:  # a "model" whose continuation is fixed text, through a real tokenizer's decode
+        def __init__(self, text):
+            self.ids = torch.tensor([[1] + list(text.encode())])
+
+        def generate(self, x, **kw):
+            return torch.cat([x, self.ids[:, 1:]], 1)
+
+    class Bytes:
+        eos_token_id = 0
+
+        def __call__(self, text, return_tensors):
+            return type("Enc", (), {"input_ids": torch.tensor([[1]])})()
+
+        def decode(self, ids, skip_special_tokens):
+            return bytes(ids.tolist()).decode()
+
+    q = train.text_quality(Echo("to be or xyzzy is"), Bytes(), ["p"], pairs)
+    assert q["words"] == 5 and q["real_words"] == 0.8  # xyzzy
+    assert q["real_pairs"] == 0.5  # to-be and be-or are in the corpus; or-xyzzy and xyzzy-is are not

@@ -42,7 +42,10 @@ def test_triton_is_required_on_linux_only():
     assert marker is not None, "triton needs an environment marker (sys_platform == 'linux')"
     platforms = {p: marker.evaluate({"sys_platform": p}) for p in ("linux", "darwin", "win32")}
     assert platforms == {"linux": True, "darwin": False, "win32": False}, platforms
-    assert all(r.marker is None for name, r in reqs.items() if name != "triton")
+    # uvloop has no Windows wheels either (uvicorn falls back to asyncio's loop there)
+    uvloop = {p: reqs["uvloop"].marker.evaluate({"sys_platform": p}) for p in ("linux", "darwin", "win32")}
+    assert uvloop == {"linux": True, "darwin": True, "win32": False}, uvloop
+    assert all(r.marker is None for name, r in reqs.items() if name not in ("triton", "uvloop"))
 
 
 def test_ci_runs_the_readme_test_commands():

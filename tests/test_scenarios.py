@@ -25,6 +25,16 @@ def test_probes(llm):
     assert 0 < S.measure_prefill(llm, 64, repeats=1) < 5
 
 
+def test_the_chunked_path_is_warmed_before_any_timed_run(llm):
+    """A step mixing decode with a chunk of a prompt that already has cached context: the kernels
+    the first timed chunked run needs (compiled on first use on a GPU) have run once."""
+    from nanoserve.course.scenarios.interference import warm_chunked_prefill
+    trace = warm_chunked_prefill(llm, 32).trace
+    mixed = [r for r in trace if r.num_prefill_tokens and r.num_decode_tokens]
+    assert mixed and max(r.num_tokens for r in trace) <= 32
+    assert sum(r.num_prefill_tokens > 0 for r in trace) >= 3  # 65 prompt tokens in chunks
+
+
 def test_interference_grid_chunks_only_when_asked(llm):
     setup = S.interference_setup(llm, num_decoders=2, long_prompt_len=256, num_long=1)
     assert setup.long_ids == ["2"] and "decoders" in setup.describe()

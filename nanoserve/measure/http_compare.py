@@ -10,6 +10,8 @@ hand (the server and the in-process LLM load the same model and never run at the
     rate_sweep           loadgen at several request rates: how TTFT and ITL grow with load
 
 The server is any OpenAI-compatible base URL; this module never imports nanoserve.serve.
+A server keeps its prefix cache between calls, so the prompts each function sends are drawn
+from seeds of its own (FRESH): a prompt a server has already seen would skip its prefill.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from nanoserve.measure.loadgen import Target, run, run_sync
 from nanoserve.measure.metrics import compute_metrics, ttft
 from nanoserve.measure.workload import synthetic
 from nanoserve.sampling_params import SamplingParams
+
+# Seed offsets, one per use: no prompt sent here repeats another sent here or by a caller whose
+# seeds stay below 10_000 (benchmarks/http_peers.py, lesson 10)
+FRESH = {"batch1": 10_000, "throughput": 20_000, "replay": 30_000, "capacity": 40_000, "sweep": 50_000}
 
 
 def _load(target: Target, reqs, max_concurrency=None, slo=None) -> LoadResult:
@@ -62,7 +68,7 @@ def batch1_ttft(llm, target: Target, n: int, input_len: int, output_len: int = 4
                 seed: int = 0) -> Batch1:
     """n requests one after another, never two at once: in-process (LLM.generate, TTFT on the
     engine clock from add_request) and over HTTP (loadgen, max_concurrency 1, from the send)."""
-    vocab = llm.engine.model_config.vocab_size
+    vocab, seed = llm.engine.model_config.vocab_size, seed + FRESH["batch1"]
     reqs = datasets.random_dataset(n, input_len, output_len, vocab, seed=seed)
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     _warm_up(llm, reqs[:1])
@@ -86,7 +92,7 @@ class Throughput:
 
 def throughput_vs_offline(llm, target: Target, streams: int, input_len: int, output_len: int,
                           seed: int = 0) -> Throughput:
-    vocab = llm.engine.model_config.vocab_size
+    vocab, seed = llm.engine.model_config.vocab_size, seed + FRESH["throughput"]
     reqs = datasets.random_dataset(streams, input_len, output_len, vocab, seed=seed)
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     _warm_up(llm, reqs)
@@ -115,7 +121,7 @@ class Agreement:
 def replay_vs_loadgen(llm, target: Target, n: int, input_len: int, output_len: int, rate: float,
                       seed: int = 0) -> Agreement:
     """One seeded workload (same prompts, lengths and arrivals), in-process then over HTTP."""
-    vocab = llm.engine.model_config.vocab_size
+    vocab, seed = llm.engine.model_config.vocab_size, seed + FRESH["replay"]
     wl = synthetic(n, input_len, output_len, rate, 1.0, seed, vocab)
     local = replay(llm, wl, progress=False)
     # same shapes and arrivals, fresh token ids: neither run hits the other's prefix cache
@@ -127,18 +133,19 @@ def replay_vs_loadgen(llm, target: Target, n: int, input_len: int, output_len: i
 
 def capacity(target: Target, vocab: int, n: int, input_len: int, output_len: int, seed: int = 0) -> float:
     """Requests/s the server completes with everything sent at once (its offline rate)."""
-    return _load(target, datasets.random_dataset(n, input_len, output_len, vocab, seed=seed)
-                 ).metrics().request_throughput
+    reqs = datasets.random_dataset(n, input_len, output_len, vocab, seed=seed + FRESH["capacity"])
+    return _load(target, reqs).metrics().request_throughput
 
 
 def rate_sweep(target: Target, vocab: int, n: int, input_len: int, output_len: int, fractions,
                seed: int = 0) -> list[tuple[float, LoadResult]]:
     """loadgen at fractions of the measured capacity (Poisson arrivals, one seed per rate)."""
-    cap = capacity(target, vocab, n, input_len, output_len, seed + 1000)
+    cap = capacity(target, vocab, n, input_len, output_len, seed)
     out = []
     for i, f in enumerate(fractions):
         rate = f * cap
-        reqs = datasets.random_dataset(n, input_len, output_len, vocab, rate=rate, seed=seed + i)
+        reqs = datasets.random_dataset(n, input_len, output_len, vocab, rate=rate,
+                                       seed=seed + FRESH["sweep"] + i)
         out.append((rate, _load(target, reqs)))
     return out
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nanoserve.course.scenarios.common import _ms, measure_decode_step, measure_prefill
-from nanoserve.course.setup import Table, engine_of, fresh_engine
+from nanoserve.course.scenarios.common import _ms, _tokens, measure_decode_step, measure_prefill
+from nanoserve.course.setup import Table, engine_of, fresh_engine, generate
 from nanoserve.measure import bench
 from nanoserve.measure.figures import device_label
 from nanoserve.measure.metrics import completed, itls, ttft
@@ -45,6 +45,7 @@ def interference_setup(engine_or_llm, num_decoders: int, long_prompt_len: int, n
     engine = engine_of(engine_or_llm)
     step = measure_decode_step(engine, num_decoders, decoder_prompt_len)
     prefill = measure_prefill(engine, long_prompt_len)
+    warm_chunked_prefill(engine, min_budget, decoder_prompt_len)
     first, gap = 8 * step, 2 * prefill
     chunk_steps = math.ceil(long_prompt_len / max(1, min_budget - num_decoders))
     out_len = int(math.ceil((first + (num_long - 1) * gap) / step)) + chunk_steps + 16
@@ -59,6 +60,18 @@ def interference_setup(engine_or_llm, num_decoders: int, long_prompt_len: int, n
     wl = Workload("interference", desc, reqs)
     return InterferenceSetup(wl, num_decoders, long_prompt_len, step, prefill, gap,
                              [str(num_decoders + k) for k in range(num_long)])
+
+
+def warm_chunked_prefill(engine_or_llm, budget: int, decoder_prompt_len: int = 16):
+    """One prompt prefilled in chunks of `budget` tokens beside two decoders, untimed. The probes
+    above run whole prefills and pure decodes only; on a GPU the first chunked step compiles
+    Triton kernels of its own (on an H200 the first chunked run of lesson 05 showed a 635 ms
+    stall that later runs did not), which must not land in the first timed run."""
+    engine = fresh_engine(engine_or_llm, enable_prefix_caching=False, enable_chunked_prefill=True,
+                          max_num_batched_tokens=budget)
+    decoders = [_tokens(engine, decoder_prompt_len, 3000 + i) for i in range(2)]
+    generate(engine, [*decoders, _tokens(engine, 2 * budget + 1, 3002)], greedy_params(4))
+    return engine
 
 
 @dataclass
