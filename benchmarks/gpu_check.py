@@ -142,10 +142,17 @@ class Ctx:
         if self.dev == "cuda":
             self.torch.cuda.empty_cache()
 
-    def prompts(self, n: int, length: int, seed: int, model: str | None = None) -> list[list[int]]:
+    def config(self, model: str | None = None):
+        """The ModelConfig of a preset (default: the sections' model)."""
         from nanoserve.model import preset_config
-        vocab = preset_config((model or self.S["model"]).split(":", 1)[1]).vocab_size
-        rng = random.Random(seed)
+        return preset_config((model or self.S["model"]).split(":", 1)[1])
+
+    def decode_context(self) -> int:
+        """The context of a decode sweep's median step: the prompt plus half the steps."""
+        return self.S["prompt_len"] + self.S["decode_steps"] // 2
+
+    def prompts(self, n: int, length: int, seed: int, model: str | None = None) -> list[list[int]]:
+        vocab, rng = self.config(model).vocab_size, random.Random(seed)
         return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
 
     def workload(self) -> list[tuple[list[int], int]]:
@@ -311,17 +318,14 @@ def sec_ceilings(ctx):
 def step_cost(ctx, batch, model: str | None = None):
     """Compulsory FLOPs and bytes of one step of `model` (default: the sections' model)."""
     from nanoserve.measure.roofline import dtype_bytes, step_cost
-    from nanoserve.model import preset_config
-    cfg = preset_config((model or ctx.S["model"]).split(":", 1)[1])
-    return step_cost(cfg, batch, dtype_bytes(ctx.S["dtype"]))
+    return step_cost(ctx.config(model), batch, dtype_bytes(ctx.S["dtype"]))
 
 
 def decode_sweep(ctx, step_times, note: str, batches=None, model: str | None = None):
     """step_times(prompts, n_tokens) -> seconds of each full-batch decode step; figures per batch,
     with the compulsory bytes per step over the step's time (GB/s)."""
     from nanoserve.measure.roofline import decode_batch
-    S, batches = ctx.S, batches or ctx.S["decode_batches"]
-    context = S["prompt_len"] + S["decode_steps"] // 2  # the median step's context
+    S, context, batches = ctx.S, ctx.decode_context(), batches or ctx.S["decode_batches"]
     ctx.info(prompt_len=S["prompt_len"], decode_steps=S["decode_steps"], timing=note)
     step_times(ctx.prompts(2, S["prompt_len"], 99, model), 4)  # warm-up
     for B in batches:
@@ -358,7 +362,7 @@ def throughput(ctx, seconds: float, reqs, n_out: int, **info) -> None:
 
 def nanoserve_decode(ctx, eager: bool, llm=None, batches=None, model: str | None = None):
     from nanoserve import SamplingParams
-    llm = llm or ctx.llm(eager)
+    llm, batches = llm or ctx.llm(eager), batches or ctx.S["decode_batches"]
 
     def step_times(prompts, n):
         llm.engine.trace.clear()
@@ -370,7 +374,7 @@ def nanoserve_decode(ctx, eager: bool, llm=None, batches=None, model: str | None
     decode_sweep(ctx, step_times, "median wall time of an engine step decoding the whole batch",
                  batches, model)
     if graphs is not None and graphs.enabled:
-        graph_replay(ctx, graphs, batches or ctx.S["decode_batches"], model)
+        graph_replay(ctx, graphs, batches, model)
 
 
 def graph_replay(ctx, graphs, batches, model: str | None) -> None:
@@ -378,14 +382,13 @@ def graph_replay(ctx, graphs, batches, model: str | None) -> None:
     the step would take if the engine's Python cost were zero. The buffers hold the last step's
     inputs, whose blocks are free by now, so replaying writes only to unused KV slots."""
     from nanoserve.measure.roofline import decode_batch
-    context = ctx.S["prompt_len"] + ctx.S["decode_steps"] // 2
     for B in batches:
         if B not in graphs.graphs or ctx.left() < 5:
             continue
         graph = graphs.graphs[B]
         graph.replay()
         t = statistics.median(ctx.timed(lambda: [graph.replay() for _ in range(20)]) / 20 for _ in range(5))
-        cost = step_cost(ctx, decode_batch(B, context), model)
+        cost = step_cost(ctx, decode_batch(B, ctx.decode_context()), model)
         ctx.fig(f"decode_B{B}_graph_replay", t * 1e3, "ms (model forward, no lm_head)")
         ctx.fig(f"decode_B{B}_graph_replay_GBps", (cost.total_bytes - cost.bytes["lm_head"]) / t / 1e9,
                 "GB/s (compulsory bytes without lm_head / replay time)")
@@ -414,8 +417,7 @@ def sec_lesson_05(ctx):
     llm = setup.load_llm(sizes["model"], device=ctx.dev)
     su = scenarios.interference_setup(llm, sizes["num_decoders"], sizes["long_prompt_len"], sizes["num_long"],
                                       min_budget=min(sizes["budgets"]))
-    ctx.info(sizes={k: v for k, v in sizes.items()}, setup=su.describe(), load_and_probe_s=round(
-        time.perf_counter() - t, 2))
+    ctx.info(sizes=sizes, setup=su.describe(), load_and_probe_s=round(time.perf_counter() - t, 2))
     runs = scenarios.interference_grid(llm, su, sizes["budgets"], progress=False)
     rows = []
     for r in runs:

@@ -247,7 +247,7 @@ def corpus_words(text: str) -> list[str]:
 
 def word_pairs(texts: list[str]) -> set[tuple[str, str]]:
     """Every pair of adjacent words in the texts (each text on its own)."""
-    return {pair for t in texts for pair in zip(corpus_words(t), corpus_words(t)[1:])}
+    return {pair for words in map(corpus_words, texts) for pair in zip(words, words[1:])}
 
 
 def quality_prompts(texts: list[str], n: int, seed: int, chars: int = 300) -> list[str]:
@@ -417,9 +417,9 @@ def main() -> None:
     if args.card_only:
         write_card(out, json.loads((out / "eval.json").read_text()))
         return
+    torch.set_num_threads(args.threads)
     if args.quality_only:  # the text check again on the saved model (same prompts), card rewritten
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        torch.set_num_threads(args.threads)
         rec = json.loads((out / "eval.json").read_text())
         model = AutoModelForCausalLM.from_pretrained(out).eval()
         rec["quality"] = quality_over_seeds(model, AutoTokenizer.from_pretrained(out), rec["quality_prompts"],
@@ -427,7 +427,6 @@ def main() -> None:
         (out / "eval.json").write_text(json.dumps(rec, indent=2) + "\n")
         write_card(out, rec)
         return
-    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t_start = time.time()
 

@@ -35,6 +35,14 @@ def test_the_chunked_path_is_warmed_before_any_timed_run(llm):
     assert sum(r.num_prefill_tokens > 0 for r in trace) >= 3  # 65 prompt tokens in chunks
 
 
+def test_interference_setup_warms_at_the_smallest_budget(llm, monkeypatch):
+    from nanoserve.course.scenarios import interference
+    calls = []
+    monkeypatch.setattr(interference, "warm_chunked_prefill", lambda *a, **kw: calls.append(a))
+    S.interference_setup(llm, num_decoders=2, long_prompt_len=64, num_long=1, min_budget=48)
+    assert [a[1] for a in calls] == [48]
+
+
 def test_interference_grid_chunks_only_when_asked(llm):
     setup = S.interference_setup(llm, num_decoders=2, long_prompt_len=256, num_long=1)
     assert setup.long_ids == ["2"] and "decoders" in setup.describe()
