@@ -32,7 +32,9 @@ def test_every_function_sends_prompts_of_its_own(sent):
     http_compare.throughput_vs_offline(llm, target, 4, 32, 2)
     http_compare.replay_vs_loadgen(llm, target, 3, 32, 2, rate=50.0)
     http_compare.rate_sweep(target, vocab, 3, 32, 2, (0.5, 1.0))
-    assert len(sent) == 6  # batch1, throughput, replay, capacity, two rates
+    # batch1 one request at a time (in turn with in-process ones), throughput, replay, capacity,
+    # two rates
+    assert [len(b) for b in sent] == [1, 1, 1, 4, 3, 3, 3, 3]
     flat = [p for batch in sent for p in batch]
     assert len(set(flat)) == len(flat), "a prompt was sent twice"
     # nor any prompt of a caller's own workloads at small seeds (http_peers uses 1-3, lesson 10 0-9)

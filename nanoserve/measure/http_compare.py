@@ -66,16 +66,20 @@ class Batch1:
 
 def batch1_ttft(llm, target: Target, n: int, input_len: int, output_len: int = 4,
                 seed: int = 0) -> Batch1:
-    """n requests one after another, never two at once: in-process (LLM.generate, TTFT on the
-    engine clock from add_request) and over HTTP (loadgen, max_concurrency 1, from the send)."""
+    """n requests one after another, never two at once, in-process (LLM.generate, TTFT on the
+    engine clock from add_request) and over HTTP (loadgen, from the send) in turn: a machine whose
+    speed drifts during the run moves both sides alike."""
     vocab, seed = llm.engine.model_config.vocab_size, seed + FRESH["batch1"]
     reqs = datasets.random_dataset(n, input_len, output_len, vocab, seed=seed)
+    # the server's prefix cache would serve these very prompts: send fresh ones of the same shape
+    fresh = datasets.random_dataset(n, input_len, output_len, vocab, seed=seed + 1)
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     _warm_up(llm, reqs[:1])
-    local = [ttft(llm.generate([r.prompt], params)[0]) for r in reqs]
-    # the server's prefix cache would serve these very prompts: send fresh ones of the same shape
-    remote = _load(target, datasets.random_dataset(n, input_len, output_len, vocab, seed=seed + 1), 1)
-    return Batch1(statistics.median(local), remote.metrics().ttft.median, n)
+    local, remote = [], []
+    for r, f in zip(reqs, fresh):
+        local.append(ttft(llm.generate([r.prompt], params)[0]))
+        remote.append(_load(target, [f]).metrics().ttft.median)
+    return Batch1(statistics.median(local), statistics.median(remote), n)
 
 
 @dataclass

@@ -52,8 +52,8 @@ class AuthenticationMiddleware:
 
 
 def build_app(serving: OpenAIServing, metrics, api_key: str | None = None, lifespan=None) -> FastAPI:
-    """The app over `serving`; `metrics` is the ServerMetrics /metrics renders; `lifespan` starts
-    and stops the engine thread with the server."""
+    """The app over `serving`; `metrics` is the ServerMetrics /metrics renders; `lifespan` stops
+    the engine thread when the server stops."""
     app = FastAPI(title="nanoserve", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
     app.state.serving = serving

@@ -8,6 +8,13 @@ engine thread never touches asyncio objects directly. vLLM splits the same two s
 processes (AsyncLLM and EngineCore, vllm/v1/engine/); a thread is enough here because torch
 releases the GIL inside its kernels.
 
+The engine thread also builds the engine (loads and warms the model): every torch op of the
+server runs on that one thread. With torch's OpenMP (libgomp), each thread that runs a parallel
+region gets a team of worker threads of its own; a second team puts more OpenMP threads than
+cores in the process, and libgomp then lets idle workers spin only briefly before they sleep, so
+every parallel region pays a futex wake-up (about 600 per 128-token prefill of llama-120m, 5-10%
+of the step on 2 cores: benchmarks/results/http-2026-11-30T2200-one-thread.md).
+
 Every wait is bounded: the idle thread sleeps on its inbox for at most IDLE_WAIT seconds at a
 time (no busy loop; it wakes at once when a request arrives), a request's acceptance is awaited
 for at most ACCEPT_TIMEOUT, and `stop()` joins the thread with a timeout.
@@ -23,6 +30,7 @@ import logging
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nanoserve.outputs import RequestOutput
@@ -126,28 +134,35 @@ class RequestStream:
 
 
 class AsyncEngine:
-    """Owns an LLMEngine in a thread. `generate` (a coroutine) submits a request and returns its
-    RequestStream; `abort` stops one; `stop` shuts everything down.
+    """Owns an LLMEngine in a thread. `start` builds it there (make_engine: a callable that loads
+    and warms it up) and returns once it is ready; `generate` (a coroutine) submits a request and
+    returns its RequestStream; `abort` stops one; `stop` shuts everything down.
 
     max_num_queued_reqs: most requests in flight (waiting + running) before new ones get
     ServerBusy (vLLM's --max-num-queued-reqs); None: no bound. metrics: a ServerMetrics or None.
     """
 
-    def __init__(self, engine, max_num_queued_reqs: int | None = None, metrics=None):
-        self.engine, self.metrics = engine, metrics
+    def __init__(self, make_engine: Callable, max_num_queued_reqs: int | None = None, metrics=None):
+        self.make_engine, self.engine, self.metrics = make_engine, None, metrics
         self.max_num_queued_reqs = max_num_queued_reqs
         self.num_in_flight = 0  # requests submitted and not yet closed (event-loop side only)
         self._inbox: queue.Queue = queue.Queue()
         self._sinks: dict[str, _Sink] = {}  # engine-thread side only
-        self._stopping = threading.Event()
+        self._stopping, self._ready = threading.Event(), threading.Event()
+        self._build_error: BaseException | None = None
         self.error: str | None = None  # why the engine thread died, if it did
         self._thread = threading.Thread(target=self._run, name="nanoserve-engine", daemon=True)
         self._ids = 0
 
     # ---- event-loop side ---------------------------------------------------------------------
     def start(self) -> None:
-        self._record([])  # the metrics' baseline: counters start from the engine's state now
+        """Start the engine thread; return once it has built the engine, or raise what building
+        it raised (an unknown model, too few KV blocks)."""
         self._thread.start()
+        self._ready.wait()
+        if self._build_error is not None:
+            self._thread.join()
+            raise self._build_error
 
     @property
     def alive(self) -> bool:
@@ -197,6 +212,14 @@ class AsyncEngine:
 
     # ---- engine-thread side ------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self.engine = self.make_engine()
+            self._record([])  # the metrics' baseline: counters start from the engine's state now
+        except BaseException as e:
+            self._build_error = e
+            return
+        finally:
+            self._ready.set()
         try:
             while not self._stopping.is_set():
                 self._drain(block=not self.engine.has_unfinished())

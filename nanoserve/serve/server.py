@@ -10,8 +10,8 @@ nanoserve's own: --device, --num-kv-blocks, --cpu-omp-threads-bind (vLLM's envir
 VLLM_CPU_OMP_THREADS_BIND as a flag: the CPUs this instance runs on, one torch thread each), and
 --disaggregated: a prefill instance, a decode instance and the router in front (serve/disagg.py).
 
-The model is loaded and warmed up (one short request, so the first client does not pay for
-first-touch allocation), the engine thread starts, uvicorn serves. SIGTERM or Ctrl-C: uvicorn
+The engine thread starts, loads the model and warms it up (one short request, so the first
+client does not pay for first-touch allocation), then uvicorn serves. SIGTERM or Ctrl-C: uvicorn
 stops accepting connections, every in-flight request ends with an error chunk (the engine thread
 aborts them and frees their blocks), open connections get up to --shutdown-timeout seconds to
 close, the engine thread is joined and the port is released.
@@ -77,7 +77,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def build(args):
-    """-> (FastAPI app, AsyncEngine) for parsed args; the engine thread is not started yet."""
+    """-> (FastAPI app, AsyncEngine) for parsed args, the engine loaded and its thread running."""
     bind_cpus(args.cpu_omp_threads_bind)
     config = EngineConfig(
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
@@ -86,16 +86,22 @@ def build(args):
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
         record_trace=False)  # a server runs for days: no per-step trace
-    engine = LLMEngine(args.model, args.device, None if args.dtype == "auto" else args.dtype,
-                       args.seed, config, kv_transfer_config=args.kv_transfer_config)
-    _warm_up(engine)
+    dtype = None if args.dtype == "auto" else args.dtype
+
+    def make_engine() -> LLMEngine:
+        engine = LLMEngine(args.model, args.device, dtype, args.seed, config,
+                           kv_transfer_config=args.kv_transfer_config)
+        _warm_up(engine)
+        return engine
+
     folder = args.model if args.model and os.path.isdir(args.model) else None
     if args.model is None and os.path.isfile(os.path.join(DEMO_MODEL_DIR, "config.json")):
         folder = DEMO_MODEL_DIR  # what LLMEngine loads by default
     is_demo = folder is not None and os.path.realpath(folder) == os.path.realpath(DEMO_MODEL_DIR)
     name = args.served_model_name or args.model or "demo-model"
     metrics = ServerMetrics(name)
-    async_engine = AsyncEngine(engine, args.max_num_queued_reqs, metrics)
+    async_engine = AsyncEngine(make_engine, args.max_num_queued_reqs, metrics)
+    async_engine.start()  # loads the model on the engine thread, where every step will run
     serving = OpenAIServing(async_engine, name, folder or name,
                             load_chat_template(folder, args.chat_template, demo=is_demo))
     return build_app(serving, metrics, args.api_key, _lifespan(async_engine)), async_engine
@@ -112,7 +118,6 @@ def _warm_up(engine: LLMEngine) -> None:
 def _lifespan(async_engine: AsyncEngine):
     @asynccontextmanager
     async def lifespan(_app):
-        async_engine.start()
         yield
         async_engine.stop()
     return lifespan
