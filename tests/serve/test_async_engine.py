@@ -1,6 +1,6 @@
 """AsyncEngine in-process: the engine is built and stepped on its own thread, and a build that
 fails reaches the caller. (Two threads that both run torch ops would each get an OpenMP team; on
-2 cores that made every step of the server 5-10% slower: serve/async_engine.py.)"""
+2 cores that made every step of the server about 10% slower: serve/async_engine.py.)"""
 
 from __future__ import annotations
 
