@@ -31,6 +31,13 @@ ARCHS = {
 }
 
 
+def pytest_sessionstart(session):
+    # build (or load) the C++ CPU decode attention now, so that no test's time limit (a server's
+    # start-up, say) includes the one-off build; pytest workers wait for one build, not two
+    from nanoserve.kernels import cpu_attention
+    cpu_attention.available()
+
+
 def pytest_addoption(parser):
     # here, at the tests root, so `pytest tests --impl=exercises` works as well as `pytest tests/exercises`
     parser.addoption("--impl", default=None, choices=("solutions", "exercises"),

@@ -2,8 +2,9 @@
 
 `get_ops(device)` returns a namespace of the four kernels a decoder layer calls, rms_norm,
 rotary_embedding, reshape_and_cache and paged_attention, with identical signatures: Triton on
-CUDA when triton is installed (it is Linux-only), the reference elsewhere;
-`NANOSERVE_KERNELS=reference|triton` overrides (triton on a CPU needs TRITON_INTERPRET=1 set
+CUDA when triton is installed (it is Linux-only); on a CPU the reference with its decode
+attention in C++ (cpu_attention.py) where that op builds; the plain reference elsewhere.
+`NANOSERVE_KERNELS=reference|cpu|triton` overrides (triton on a CPU needs TRITON_INTERPRET=1 set
 before the first import, and is very slow).
 
 Plug points (the engine never imports course material; a student's kernel is passed in):
@@ -18,10 +19,12 @@ import importlib.util
 import os
 from types import SimpleNamespace
 
-from nanoserve.kernels import reference
+import torch
+
+from nanoserve.kernels import cpu_attention, reference
 from nanoserve.kernels.metadata import AttentionMetadata
 
-BACKENDS = ("reference", "triton")
+BACKENDS = ("reference", "cpu", "triton")
 KERNEL_NAMES = ("rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention")
 
 __all__ = ["AttentionMetadata", "BACKENDS", "KERNEL_NAMES", "get_ops", "kernel_backend",
@@ -34,14 +37,21 @@ def kernel_backend(device) -> str:
         if choice not in BACKENDS:
             raise ValueError(f"NANOSERVE_KERNELS={choice!r}; allowed: {BACKENDS}")
         return choice
-    cuda = str(device).startswith("cuda")
-    return "triton" if cuda and importlib.util.find_spec("triton") is not None else "reference"
+    kind = torch.device(device).type
+    if kind == "cuda" and importlib.util.find_spec("triton") is not None:
+        return "triton"
+    return "cpu" if kind == "cpu" and cpu_attention.available() else "reference"
 
 
 def get_ops(device):
-    if kernel_backend(device) == "triton":
+    backend = kernel_backend(device)
+    if backend == "triton":
         from nanoserve.kernels import triton_ops  # imported lazily: needs a GPU or the interpreter
         return triton_ops
+    if backend == "cpu":
+        if not cpu_attention.available():
+            raise RuntimeError(f"NANOSERVE_KERNELS=cpu: {cpu_attention.unavailable_reason()}")
+        return kernel_ops(reference, paged_attention=cpu_attention.paged_attention)
     return reference
 
 

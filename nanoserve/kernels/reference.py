@@ -109,7 +109,8 @@ def _decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scal
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    attn: AttentionMetadata, scale: float) -> torch.Tensor:
+                    attn: AttentionMetadata, scale: float,
+                    decode_attention=_decode_attention) -> torch.Tensor:
     """Attention of a flattened mixed batch over the paged cache (this step's K/V already written).
 
     q: (T, num_heads, head_dim), the tokens of B sequences concatenated;
@@ -118,7 +119,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     attn.block_tables: (B, max_blocks) int32, padded with any valid id.
     Query token j of sequence b sits at position seq_lens[b] - q_len[b] + j and attends
     causally to cached positions <= its own. GQA: head h reads kv head h // (num_heads/num_kv_heads).
-    Returns (T, num_heads, head_dim).
+    Returns (T, num_heads, head_dim). `decode_attention` computes the single-token rows
+    (`_decode_attention`'s contract): the CPU backend passes its C++ op (cpu_attention.py).
     """
     qsl, lens = attn.host_offsets()
     block_tables, query_start_loc, seq_lens = attn.block_tables, attn.query_start_loc, attn.seq_lens
@@ -138,7 +140,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # GQA without repeating K/V: the `group` query heads of a kv head are its `group` queries
         qd = q[rows].view(D, num_kv_heads, group, head_dim)  # (D, kvh, g, hd)
         od = torch.empty_like(qd)
-        _decode_attention(qd, od, k_cache, v_cache, tables, d_lens, [lens[i] for i in decode], scale)
+        decode_attention(qd, od, k_cache, v_cache, tables, d_lens, [lens[i] for i in decode], scale)
         out[rows] = od.view(D, num_heads, head_dim)
     for i, n in enumerate(q_lens):
         if n <= 1:

@@ -1,0 +1,213 @@
+// Paged decode attention on a CPU: each query token reads its K/V rows where they sit in the
+// paged cache, instead of gathering them into a contiguous copy first (see cpu_attention.py).
+//
+// A work item is a sequence (or, when there are too few sequences to keep every thread busy,
+// one kv head of a sequence). Its query heads read each K row and each V row once, from DRAM,
+// and nothing is written but the output. Scores, softmax and the weighted sum of V run in fp32
+// whatever the cache's dtype (fp32, bf16, fp16). Work items are spread over torch's own OpenMP
+// threads (at::parallel_for), so the process keeps one thread team.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline void to_float(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+template <>
+inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);  // bf16 is fp32's top half
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
+}
+
+// e^x for x <= 0 in plain arithmetic, so that a loop of it vectorises (std::exp is a call per
+// element): the Cephes library's expf (S. Moshier), 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial, about 1 ulp.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);  // below this e^x is 0 to a softmax; 2^n stays a normal float
+  const float n = std::floor(x * 1.44269504f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * r * r + r + 1.0f;
+  return e * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // * 2^n
+}
+
+// 8 floats in one value: GCC and Clang lower arithmetic on it to AVX2, SSE or NEON as the CPU has.
+typedef float vf8 __attribute__((vector_size(32)));
+
+inline vf8 load8(const float* p) {
+  vf8 v;
+  std::memcpy(&v, p, sizeof v);  // an unaligned vector load
+  return v;
+}
+
+inline float sum8(vf8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+// One work item: a sequence's kv heads [h0, h0 + nh) and the nh * group query heads that read
+// them. Scores against the L cached keys, softmax, then the weighted sum of the values, a cache
+// block at a time: a block's rows of these heads are read from DRAM once (contiguous when nh is
+// every kv head), then each query head runs over them from L1 with its query (or output
+// accumulator) in registers. Rows are hd = 8 * NV floats; NV > 0 fixes that at compile time.
+template <typename T, int NV>
+void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* table, int64_t L,
+            int64_t h0, int64_t nh, int64_t group, int64_t nv_runtime, int64_t block_size,
+            int64_t block_stride, int64_t token_stride, float* scores, float* out, float* buf) {
+  const int64_t nv = NV > 0 ? NV : nv_runtime, hd = 8 * nv, nq = nh * group;
+  const int64_t blocks = (L + block_size - 1) / block_size;
+  // rows of block b for heads h0.. as fp32, `stride` apart: in place for an fp32 cache, else
+  // converted into buf as (n, nh, hd)
+  auto block_rows = [&](const T* cache, int64_t b, int64_t n, int64_t& stride) -> const float* {
+    const T* base = cache + table[b] * block_stride + h0 * hd;
+    if constexpr (std::is_same_v<T, float>) {
+      stride = token_stride;
+      return base;
+    } else {
+      for (int64_t o = 0; o < n; ++o) to_float(base + o * token_stride, buf + o * nh * hd, nh * hd);
+      stride = nh * hd;
+      return buf;
+    }
+  };
+  // ask for block b + 1's rows while block b is computed: blocks sit anywhere in the cache, so
+  // the hardware prefetcher cannot guess the next one, and a thread waiting on DRAM is idle
+  auto prefetch = [&](const T* cache, int64_t b) {
+    if (b >= blocks) return;
+    const char* base = reinterpret_cast<const char*>(cache + table[b] * block_stride + h0 * hd);
+    const int64_t row_bytes = nh * hd * sizeof(T), n = std::min(block_size, L - b * block_size);
+    for (int64_t o = 0; o < n; ++o)
+      for (int64_t x = 0; x < row_bytes; x += 64) __builtin_prefetch(base + o * token_stride * sizeof(T) + x);
+  };
+  prefetch(k_cache, 0);
+  for (int64_t b = 0; b < blocks; ++b) {  // scores: (nq, L)
+    const int64_t n = std::min(block_size, L - b * block_size);
+    int64_t stride;
+    prefetch(k_cache, b + 1);
+    const float* k = block_rows(k_cache, b, n, stride);
+    for (int64_t j = 0; j < nq; ++j) {
+      vf8 q[NV > 0 ? NV : 16];
+      for (int64_t i = 0; i < nv; ++i) q[i] = load8(qf + j * hd + 8 * i);
+      const float* kj = k + (j / group) * hd;
+      float* s = scores + j * L + b * block_size;
+      for (int64_t o = 0; o < n; ++o) {
+        const float* row = kj + o * stride;
+        vf8 a0 = q[0] * load8(row), a1 = {};  // two chains of multiply-adds, not one
+        for (int64_t i = 1; i < nv; ++i) (i % 2 ? a1 : a0) += q[i] * load8(row + 8 * i);
+        s[o] = sum8(a0 + a1);
+      }
+    }
+  }
+  for (int64_t j = 0; j < nq; ++j) {  // softmax numerators in place; out gets 1/sum at the end
+    float* s = scores + j * L;
+    const float m = *std::max_element(s, s + L);
+    float z = 0.f;
+#pragma omp simd reduction(+ : z)
+    for (int64_t t = 0; t < L; ++t) {
+      s[t] = exp_nonpositive(s[t] - m);
+      z += s[t];
+    }
+    out[nq * hd + j] = 1.f / z;  // out has nq * hd + nq floats: the outputs, then 1/sums
+    std::fill(out + j * hd, out + (j + 1) * hd, 0.f);
+  }
+  prefetch(v_cache, 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t n = std::min(block_size, L - b * block_size);
+    int64_t stride;
+    prefetch(v_cache, b + 1);
+    const float* v = block_rows(v_cache, b, n, stride);
+    for (int64_t j = 0; j < nq; ++j) {
+      vf8 acc[NV > 0 ? NV : 16];
+      for (int64_t i = 0; i < nv; ++i) acc[i] = load8(out + j * hd + 8 * i);
+      const float* vj = v + (j / group) * hd;
+      const float* p = scores + j * L + b * block_size;
+      for (int64_t o = 0; o < n; ++o)
+        for (int64_t i = 0; i < nv; ++i) acc[i] += p[o] * load8(vj + o * stride + 8 * i);
+      for (int64_t i = 0; i < nv; ++i) std::memcpy(out + j * hd + 8 * i, &acc[i], sizeof(vf8));
+    }
+  }
+}
+
+template <typename T>
+void decode_attention_impl(const at::Tensor& q, const at::Tensor& out, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& block_tables,
+                           const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.size(0) > 0 && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "decode_attention: q must be (D > 0, num_heads, head_dim) with contiguous rows");
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
+              "decode_attention: out must be a contiguous tensor like q");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes() &&
+              k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "decode_attention: caches must be contiguous (num_blocks, block_size, kvh, head_dim) in q's dtype");
+  TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(2) % 8 == 0 && q.size(1) % k_cache.size(2) == 0,
+              "decode_attention: head_dim must match the cache's and be a multiple of 8; "
+              "num_heads a multiple of kv heads");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
+              block_tables.stride(1) == 1 && seq_lens.is_contiguous() && seq_lens.size(0) == q.size(0),
+              "decode_attention: block_tables (D, max_blocks) and seq_lens (D,) must be int32");
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "decode_attention: CPU tensors only");
+  // q: (D, num_heads, hd), rows q.stride(0) apart; out: (D, num_heads, hd) contiguous;
+  // caches: (num_blocks, block_size, kvh, hd), rows k_cache.stride(1) apart
+  const int64_t D = q.size(0), H = q.size(1), hd = q.size(2);
+  const int64_t block_size = k_cache.size(1), kvh = k_cache.size(2), group = H / kvh;
+  const T* qp = static_cast<const T*>(q.const_data_ptr());
+  T* op = static_cast<T*>(out.data_ptr());
+  const T* kp = static_cast<const T*>(k_cache.const_data_ptr());
+  const T* vp = static_cast<const T*>(v_cache.const_data_ptr());
+  const int32_t* tables = static_cast<const int32_t*>(block_tables.const_data_ptr());
+  const int32_t* lens = static_cast<const int32_t*>(seq_lens.const_data_ptr());
+  const int64_t max_len = *std::max_element(lens, lens + D);
+  // a work item per sequence (its blocks read whole, in order) when there are enough of them
+  // to keep every thread busy; else per (sequence, kv head)
+  const int64_t nh = D >= 4 * at::get_num_threads() ? kvh : 1, per_seq = kvh / nh;
+  auto run = hd == 64 ? attend<T, 8> : hd == 128 ? attend<T, 16> : attend<T, 0>;
+
+  at::parallel_for(0, D * per_seq, 1, [&](int64_t begin, int64_t end) {
+    const int64_t nq = nh * group;
+    std::vector<float> qf(nq * hd), acc(nq * hd + nq), scores(nq * max_len), buf(block_size * nh * hd);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t d = item / per_seq, h0 = (item % per_seq) * nh;
+      to_float(qp + d * q.stride(0) + h0 * group * hd, qf.data(), nq * hd);
+      for (float& x : qf) x *= static_cast<float>(scale);
+      run(qf.data(), kp, vp, tables + d * block_tables.stride(0), lens[d], h0, nh, group, hd / 8,
+          block_size, k_cache.stride(0), k_cache.stride(1), scores.data(), acc.data(), buf.data());
+      T* o = op + (d * H + h0 * group) * hd;
+      for (int64_t j = 0; j < nq; ++j)
+        for (int64_t x = 0; x < hd; ++x) o[j * hd + x] = static_cast<T>(acc[j * hd + x] * acc[nq * hd + j]);
+    }
+  });
+}
+
+void decode_attention(const at::Tensor& q, const at::Tensor& out, const at::Tensor& k_cache,
+                      const at::Tensor& v_cache, const at::Tensor& block_tables,
+                      const at::Tensor& seq_lens, double scale) {
+  switch (q.scalar_type()) {
+    case at::kFloat: return decode_attention_impl<float>(q, out, k_cache, v_cache, block_tables, seq_lens, scale);
+    case at::kBFloat16: return decode_attention_impl<c10::BFloat16>(q, out, k_cache, v_cache, block_tables, seq_lens, scale);
+    case at::kHalf: return decode_attention_impl<c10::Half>(q, out, k_cache, v_cache, block_tables, seq_lens, scale);
+    default: TORCH_CHECK(false, "decode_attention: unsupported dtype ", q.scalar_type());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(nanoserve_cpu, m) {
+  m.def("decode_attention(Tensor q, Tensor(a!) out, Tensor k_cache, Tensor v_cache, "
+        "Tensor block_tables, Tensor seq_lens, float scale) -> ()", &decode_attention);
+}
