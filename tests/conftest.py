@@ -32,10 +32,10 @@ ARCHS = {
 
 
 def pytest_sessionstart(session):
-    # build (or load) the C++ CPU decode attention now, so that no test's time limit (a server's
-    # start-up, say) includes the one-off build; pytest workers wait for one build, not two
-    from nanoserve.kernels import cpu_attention
-    cpu_attention.available()
+    # build (or load) the C++ CPU kernels now, so that no test's time limit (a server's start-up,
+    # say) includes the one-off build; pytest workers wait for one build, not two
+    from nanoserve.kernels import cpu_build
+    cpu_build.available()
 
 
 def pytest_addoption(parser):

@@ -2,8 +2,9 @@
 
 `get_ops(device)` returns a namespace of the four kernels a decoder layer calls, rms_norm,
 rotary_embedding, reshape_and_cache and paged_attention, with identical signatures: Triton on
-CUDA when triton is installed (it is Linux-only); on a CPU the reference with its decode
-attention in C++ (cpu_attention.py) where that op builds; the plain reference elsewhere.
+CUDA when triton is installed (it is Linux-only); on a CPU the four in C++ (cpu_attention.py,
+cpu_layer_ops.py: each the reference's arithmetic in one call) where those ops build
+(cpu_build.py); the torch reference elsewhere.
 `NANOSERVE_KERNELS=reference|cpu|triton` overrides (triton on a CPU needs TRITON_INTERPRET=1 set
 before the first import, and is very slow).
 
@@ -21,7 +22,7 @@ from types import SimpleNamespace
 
 import torch
 
-from nanoserve.kernels import cpu_attention, reference
+from nanoserve.kernels import cpu_attention, cpu_build, cpu_layer_ops, reference
 from nanoserve.kernels.metadata import AttentionMetadata
 
 BACKENDS = ("reference", "cpu", "triton")
@@ -40,7 +41,7 @@ def kernel_backend(device) -> str:
     kind = torch.device(device).type
     if kind == "cuda" and importlib.util.find_spec("triton") is not None:
         return "triton"
-    return "cpu" if kind == "cpu" and cpu_attention.available() else "reference"
+    return "cpu" if kind == "cpu" and cpu_build.available() else "reference"
 
 
 def get_ops(device):
@@ -49,9 +50,10 @@ def get_ops(device):
         from nanoserve.kernels import triton_ops  # imported lazily: needs a GPU or the interpreter
         return triton_ops
     if backend == "cpu":
-        if not cpu_attention.available():
-            raise RuntimeError(f"NANOSERVE_KERNELS=cpu: {cpu_attention.unavailable_reason()}")
-        return kernel_ops(reference, paged_attention=cpu_attention.paged_attention)
+        if not cpu_build.available():
+            raise RuntimeError(f"NANOSERVE_KERNELS=cpu: {cpu_build.unavailable_reason()}")
+        small = {name: getattr(cpu_layer_ops, name) for name in KERNEL_NAMES[:3]}
+        return kernel_ops(reference, paged_attention=cpu_attention.paged_attention, **small)
     return reference
 
 

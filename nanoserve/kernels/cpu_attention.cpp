@@ -13,7 +13,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -35,24 +34,24 @@ inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
 }
 
-// e^x for x <= 0 in plain arithmetic, so that a loop of it vectorises (std::exp is a call per
-// element): the Cephes library's expf (S. Moshier), 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial, about 1 ulp.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);  // below this e^x is 0 to a softmax; 2^n stays a normal float
-  const float n = std::floor(x * 1.44269504f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
+// 8 floats in one value: GCC and Clang lower arithmetic on it to AVX2, SSE or NEON as the CPU has.
+typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
+
+// e^x for x <= 0, eight at a time: the Cephes library's expf (S. Moshier), 2^n * e^r with
+// |r| <= ln2/2 and a degree-6 polynomial, about 1 ulp; std::exp would be a call per element
+inline vf8 exp_nonpositive(vf8 x) {
+  x = x < -87.0f ? -87.0f : x;  // below this e^x is 0 to a softmax; 2^n stays a normal float
+  const vi8 ni = __builtin_convertvector(x * 1.44269504f - 0.5f, vi8);  // round(x / ln2), x <= 0
+  const vf8 n = __builtin_convertvector(ni, vf8);
+  const vf8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vf8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float e = p * r * r + r + 1.0f;
-  return e * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);  // * 2^n
+  return (p * r * r + r + 1.0f) * (vf8)((ni + 127) << 23);  // * 2^n, built in the exponent bits
 }
-
-// 8 floats in one value: GCC and Clang lower arithmetic on it to AVX2, SSE or NEON as the CPU has.
-typedef float vf8 __attribute__((vector_size(32)));
 
 inline vf8 load8(const float* p) {
   vf8 v;
@@ -61,6 +60,18 @@ inline vf8 load8(const float* p) {
 }
 
 inline float sum8(vf8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+// (sum(a[0]), ..., sum(a[7])): eight horizontal sums at once, a tree of pairwise lane sums
+inline vf8 sum8x8(const vf8* a) {
+  auto pairs = [](vf8 x, vf8 y) {  // (x0+x1, x2+x3, y0+y1, y2+y3, x4+x5, x6+x7, y4+y5, y6+y7)
+    return __builtin_shufflevector(x, y, 0, 2, 8, 10, 4, 6, 12, 14) +
+           __builtin_shufflevector(x, y, 1, 3, 9, 11, 5, 7, 13, 15);
+  };
+  const vf8 u = pairs(pairs(a[0], a[1]), pairs(a[2], a[3]));  // lanes 0-3 and 4-7 of a[0..3]
+  const vf8 w = pairs(pairs(a[4], a[5]), pairs(a[6], a[7]));
+  return __builtin_shufflevector(u, w, 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(u, w, 4, 5, 6, 7, 12, 13, 14, 15);
+}
 
 // One work item: a sequence's kv heads [h0, h0 + nh) and the nh * group query heads that read
 // them. Scores against the L cached keys, softmax, then the weighted sum of the values, a cache
@@ -72,7 +83,7 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
             int64_t h0, int64_t nh, int64_t group, int64_t nv_runtime, int64_t block_size,
             int64_t block_stride, int64_t token_stride, float* scores, float* out, float* buf) {
   const int64_t nv = NV > 0 ? NV : nv_runtime, hd = 8 * nv, nq = nh * group;
-  const int64_t blocks = (L + block_size - 1) / block_size;
+  const int64_t blocks = (L + block_size - 1) / block_size, Ls = (L + 7) / 8 * 8;  // a score row
   // rows of block b for heads h0.. as fp32, `stride` apart: in place for an fp32 cache, else
   // converted into buf as (n, nh, hd)
   auto block_rows = [&](const T* cache, int64_t b, int64_t n, int64_t& stride) -> const float* {
@@ -105,8 +116,16 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
       vf8 q[NV > 0 ? NV : 16];
       for (int64_t i = 0; i < nv; ++i) q[i] = load8(qf + j * hd + 8 * i);
       const float* kj = k + (j / group) * hd;
-      float* s = scores + j * L + b * block_size;
-      for (int64_t o = 0; o < n; ++o) {
+      float* s = scores + j * Ls + b * block_size;
+      int64_t o = 0;
+      for (; o + 8 <= n; o += 8) {  // eight keys at a time, their eight sums reduced together
+        vf8 acc[8] = {};
+        for (int64_t i = 0; i < nv; ++i)
+          for (int t = 0; t < 8; ++t) acc[t] += q[i] * load8(kj + (o + t) * stride + 8 * i);
+        const vf8 r = sum8x8(acc);
+        std::memcpy(s + o, &r, sizeof r);
+      }
+      for (; o < n; ++o) {
         const float* row = kj + o * stride;
         vf8 a0 = q[0] * load8(row), a1 = {};  // two chains of multiply-adds, not one
         for (int64_t i = 1; i < nv; ++i) (i % 2 ? a1 : a0) += q[i] * load8(row + 8 * i);
@@ -115,15 +134,20 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
     }
   }
   for (int64_t j = 0; j < nq; ++j) {  // softmax numerators in place; out gets 1/sum at the end
-    float* s = scores + j * L;
-    const float m = *std::max_element(s, s + L);
-    float z = 0.f;
-#pragma omp simd reduction(+ : z)
-    for (int64_t t = 0; t < L; ++t) {
-      s[t] = exp_nonpositive(s[t] - m);
-      z += s[t];
+    float* s = scores + j * Ls;
+    // pad to whole vectors: a padding score's e^x is e^-87, below an ulp of the sum (>= 1)
+    std::fill(s + L, s + Ls, -INFINITY);
+    vf8 mv = load8(s);
+    for (int64_t t = 8; t < L; t += 8) mv = mv > load8(s + t) ? mv : load8(s + t);
+    const float m = std::max(std::max(std::max(mv[0], mv[1]), std::max(mv[2], mv[3])),
+                             std::max(std::max(mv[4], mv[5]), std::max(mv[6], mv[7])));
+    vf8 z = {};
+    for (int64_t t = 0; t < L; t += 8) {
+      const vf8 e = exp_nonpositive(load8(s + t) - m);
+      std::memcpy(s + t, &e, sizeof e);
+      z += e;
     }
-    out[nq * hd + j] = 1.f / z;  // out has nq * hd + nq floats: the outputs, then 1/sums
+    out[nq * hd + j] = 1.f / sum8(z);  // out has nq * hd + nq floats: the outputs, then 1/sums
     std::fill(out + j * hd, out + (j + 1) * hd, 0.f);
   }
   prefetch(v_cache, 0);
@@ -136,7 +160,7 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
       vf8 acc[NV > 0 ? NV : 16];
       for (int64_t i = 0; i < nv; ++i) acc[i] = load8(out + j * hd + 8 * i);
       const float* vj = v + (j / group) * hd;
-      const float* p = scores + j * L + b * block_size;
+      const float* p = scores + j * Ls + b * block_size;
       for (int64_t o = 0; o < n; ++o)
         for (int64_t i = 0; i < nv; ++i) acc[i] += p[o] * load8(vj + o * stride + 8 * i);
       for (int64_t i = 0; i < nv; ++i) std::memcpy(out + j * hd + 8 * i, &acc[i], sizeof(vf8));
@@ -180,7 +204,8 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& out, const at:
 
   at::parallel_for(0, D * per_seq, 1, [&](int64_t begin, int64_t end) {
     const int64_t nq = nh * group;
-    std::vector<float> qf(nq * hd), acc(nq * hd + nq), scores(nq * max_len), buf(block_size * nh * hd);
+    std::vector<float> qf(nq * hd), acc(nq * hd + nq), buf(block_size * nh * hd);
+    std::vector<float> scores(nq * ((max_len + 7) / 8 * 8));  // rows padded to whole vectors
     for (int64_t item = begin; item < end; ++item) {
       const int64_t d = item / per_seq, h0 = (item % per_seq) * nh;
       to_float(qp + d * q.stride(0) + h0 * group * hd, qf.data(), nq * hd);

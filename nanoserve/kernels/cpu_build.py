@@ -1,0 +1,100 @@
+"""Build and load nanoserve's C++ CPU kernels: torch.ops.nanoserve_cpu.
+
+Two source files: paged decode attention (cpu_attention.cpp, called by cpu_attention.py), and a
+decoder layer's small ops, RMSNorm, RoPE and the K/V cache write (cpu_layer_ops.cpp, called by
+cpu_layer_ops.py).
+They are built on first use with the machine's C++ compiler against the installed torch's
+headers, into one library in a cache folder keyed by the sources, torch, compiler and CPU, so
+later processes just load it: about 30 s once per machine. Where that cannot happen (no
+compiler, or not Linux: macOS's clang has no OpenMP, which the ops' threading needs),
+`available()` is False with the reason in `unavailable_reason()`, and the CPU backend is the
+torch reference. `NANOSERVE_KERNELS=reference` chooses the reference anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = [os.path.join(HERE, name) for name in ("cpu_attention.cpp", "cpu_layer_ops.cpp")]
+_why_not: list[str] = []
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "nanoserve", "kernels")
+
+
+def _cpu_id() -> str:
+    """The CPU's model and flags: -march=native code built on one CPU may not run on another."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags", "Features"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
+
+
+def _build(cxx: str, out: str) -> None:
+    torch_dir = os.path.dirname(torch.__file__)
+    lib = os.path.join(torch_dir, "lib")
+    cmd = [cxx, "-O3", "-march=native", "-std=c++20", "-fopenmp", "-shared", "-fPIC", "-w",
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+           "-I", os.path.join(torch_dir, "include"), *SOURCES, "-o", out,
+           "-L", lib, f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}\n{done.stderr[-2000:]}")
+
+
+@functools.cache
+def available() -> bool:
+    """Are the torch.ops.nanoserve_cpu ops loaded (building them now if need be)?"""
+    if not sys.platform.startswith("linux"):
+        _why_not.append(f"built on Linux only (OpenMP with the system compiler), not {sys.platform}")
+        return False
+    import fcntl  # POSIX only: imported past the Linux check, so Windows can import this module
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        _why_not.append("no C++ compiler (c++, g++ or $CXX) on PATH")
+        return False
+    code = b"".join(pathlib.Path(src).read_bytes() for src in SOURCES)
+    key = hashlib.sha256(code + "|".join(
+        [torch.__version__, torch.__file__, cxx, _cpu_id()]).encode()).hexdigest()[:16]
+    path = os.path.join(cache_dir(), f"nanoserve_cpu_{key}.so")
+    try:
+        os.makedirs(cache_dir(), exist_ok=True)
+        with open(path + ".lock", "w") as lock:  # one build when several processes start at once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(path):
+                fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir())
+                os.close(fd)
+                print(f"nanoserve: building the CPU kernels into {path} "
+                      "(once per machine and torch, about 20 s)", file=sys.stderr, flush=True)
+                try:  # built under a temporary name, then renamed: never a half-written file
+                    _build(cxx, tmp)
+                    os.replace(tmp, path)
+                finally:
+                    if os.path.exists(tmp):
+                        os.remove(tmp)
+        torch.ops.load_library(path)
+    except (OSError, RuntimeError) as e:
+        _why_not.append(f"building or loading {path} failed: {e}")
+        warnings.warn(f"nanoserve: the CPU kernels fall back to the torch reference: {e}")
+        return False
+    return True
+
+
+def unavailable_reason() -> str | None:
+    return None if available() else _why_not[-1]
