@@ -17,6 +17,10 @@
 
 namespace {
 
+// A second thread only takes 64K values or more: for less, waking it costs more than it saves
+// (a decode step's rows go to one thread, a prefill's are split).
+constexpr int64_t kMinValuesPerThread = 1 << 16;
+
 // RMSNorm in HF's order of rounding: h = x + residual rounded to the dtype; the mean of squares
 // and the scaling in fp32; a cast to the dtype; then the weight, rounded again.
 template <typename T>
@@ -29,15 +33,15 @@ void rms_norm_impl(const at::Tensor& out, const at::Tensor& x, const at::Tensor&
   const T* rp = residual ? static_cast<const T*>(residual->const_data_ptr()) : nullptr;
   T* hp = h ? static_cast<T*>(h->data_ptr()) : nullptr;
   T* op = static_cast<T*>(out.data_ptr());
-  // a thread's share is at least 64K values: below that, waking a second thread costs more
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / hidden);
+  const int64_t grain = std::max<int64_t>(1, kMinValuesPerThread / hidden);  // rows
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = xp + r * hidden;
       if (rp) {  // h = x + residual, in the dtype, as the decoder layer's residual stream
         T* hr = hp + r * hidden;
         const T* rr = rp + r * hidden;
-        for (int64_t i = 0; i < hidden; ++i) hr[i] = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
+        for (int64_t i = 0; i < hidden; ++i)
+          hr[i] = static_cast<T>(static_cast<float>(xr[i]) + static_cast<float>(rr[i]));
         xr = hr;
       }
       float ss = 0.f;
@@ -45,8 +49,10 @@ void rms_norm_impl(const at::Tensor& out, const at::Tensor& x, const at::Tensor&
       for (int64_t i = 0; i < hidden; ++i) ss += static_cast<float>(xr[i]) * static_cast<float>(xr[i]);
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(hidden) + static_cast<float>(eps));
       T* o = op + r * hidden;
-      for (int64_t i = 0; i < hidden; ++i)
-        o[i] = static_cast<T>(static_cast<float>(static_cast<T>(static_cast<float>(xr[i]) * inv)) * static_cast<float>(wp[i]));
+      for (int64_t i = 0; i < hidden; ++i) {
+        const T normed = static_cast<T>(static_cast<float>(xr[i]) * inv);  // rounded, then the weight
+        o[i] = static_cast<T>(static_cast<float>(normed) * static_cast<float>(wp[i]));
+      }
     }
   });
 }
@@ -78,7 +84,8 @@ void rope_impl(const int64_t* pos, const at::Tensor& x, const float* cos_sin, in
   // x: (T, heads, hd) with contiguous heads, rows x.stride(0) apart; cos_sin: (max_pos, hd) [cos | sin]
   const int64_t heads = x.size(1), hd = x.size(2), half = hd / 2, row = x.stride(0);
   T* xp = static_cast<T*>(x.data_ptr());
-  at::parallel_for(0, tokens, std::max<int64_t>(1, (1 << 14) / (heads * hd)), [&](int64_t begin, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, kMinValuesPerThread / (heads * hd));  // tokens
+  at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* c = cos_sin + pos[t] * hd;
       const float* s = c + half;
@@ -99,13 +106,16 @@ void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at
                       const at::Tensor& cos_sin_cache) {
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.dim() == 1,
               "rotary_embedding: positions must be (T,) int64");
+  TORCH_CHECK(positions.device().is_cpu() && q.device().is_cpu() && k.device().is_cpu() &&
+              cos_sin_cache.device().is_cpu(), "rotary_embedding: CPU tensors only");
   TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat && cos_sin_cache.is_contiguous() &&
               cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == q.size(2),
               "rotary_embedding: cos_sin_cache must be (max_pos, head_dim) fp32");
   const int64_t* pos = positions.const_data_ptr<int64_t>();
   const int64_t tokens = positions.size(0), max_pos = cos_sin_cache.size(0);
   for (int64_t t = 0; t < tokens; ++t)
-    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_pos, "rotary_embedding: position ", pos[t], " outside [0, ", max_pos, ")");
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_pos,
+                "rotary_embedding: position ", pos[t], " outside [0, ", max_pos, ")");
   for (const at::Tensor* x : {&q, &k}) {
     TORCH_CHECK(x->dim() == 3 && x->size(0) == tokens && x->size(2) == q.size(2) && x->size(2) % 2 == 0 &&
                 x->stride(2) == 1 && x->stride(1) == x->size(2) && x->scalar_type() == q.scalar_type(),
@@ -124,6 +134,8 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, const at::Tenso
                        const at::Tensor& v_cache, const at::Tensor& slot_mapping) {
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.dim() == 1,
               "reshape_and_cache: slot_mapping must be (T,) int64");
+  TORCH_CHECK(slot_mapping.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() &&
+              k_cache.device().is_cpu() && v_cache.device().is_cpu(), "reshape_and_cache: CPU tensors only");
   const int64_t tokens = slot_mapping.size(0);
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes() &&
               k_cache.dim() == 4 && k_cache.scalar_type() == v_cache.scalar_type(),
@@ -135,7 +147,8 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, const at::Tenso
                 "reshape_and_cache: k and v must be (T, kv_heads, head_dim) rows in the cache's dtype");
   const int64_t* slot = slot_mapping.const_data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t)
-    TORCH_CHECK(slot[t] >= -1 && slot[t] < slots, "reshape_and_cache: slot ", slot[t], " outside [-1, ", slots, ")");
+    TORCH_CHECK(slot[t] >= -1 && slot[t] < slots,
+                "reshape_and_cache: slot ", slot[t], " outside [-1, ", slots, ")");
   const int64_t bytes = width * k.element_size();
   const char* kp = static_cast<const char*>(k.const_data_ptr());
   const char* vp = static_cast<const char*>(v.const_data_ptr());

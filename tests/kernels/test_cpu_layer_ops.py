@@ -5,8 +5,8 @@ two agree to float rounding (the sum of squares is added in another order), and 
 two units in the last place of the output dtype (an fp32 difference can land the normalised value
 on the other side of a rounding boundary, and the weight's multiply rounds again). The residual
 stream h = x + residual is one rounded add in both: equal exactly. RoPE rounds once from fp32
-(one ulp), on q and k as views into a fused qkv row, leaving v alone. The cache write is a copy:
-equal exactly, -1 slots skipped.
+(one ulp), on q and k as views into a fused qkv row, leaving v alone (300 tokens of the wider
+shapes are split over threads). The cache write is a copy: equal exactly, -1 slots skipped.
 """
 
 import pytest
@@ -84,8 +84,8 @@ def qkv_views(qkv, heads, kv_heads, hd):
 
 
 @settings(max_examples=30, deadline=None)
-@given(T=st.integers(1, 40), heads=st.sampled_from([1, 4, 12]), kv_heads=st.sampled_from([1, 4]),
-       hd=st.sampled_from([8, 64, 128]), seed=st.integers(0, 99),
+@given(T=st.one_of(st.integers(1, 40), st.just(300)), heads=st.sampled_from([1, 4, 12]),
+       kv_heads=st.sampled_from([1, 4]), hd=st.sampled_from([8, 64, 128]), seed=st.integers(0, 99),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
 def test_rope_matches_the_reference_in_place(T, heads, kv_heads, hd, dtype, seed):
     g = torch.Generator().manual_seed(seed)
