@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from paged_cases import CASES, TOL, loop_attention, paged_batch
 
-from nanoserve.kernels import cpu_attention, cpu_build, cpu_layer_ops, get_ops, kernel_backend, reference
+from nanoserve.kernels import cpu_attention, reference
 
 pytestmark = pytest.mark.skipif(not cpu_attention.available(),
                                 reason=f"C++ op not built: {cpu_attention.unavailable_reason()}")
@@ -116,24 +116,3 @@ def test_the_op_refuses_what_it_cannot_read():
         torch.ops.nanoserve_cpu.decode_attention(q, od.view(1, 4, 16), k_cache.half(),
                                                  v_cache.half(), tables, seq_lens, 0.2)
 
-
-def test_the_cpu_backend_is_the_default_on_cpu_and_reference_can_be_chosen(monkeypatch):
-    monkeypatch.delenv("NANOSERVE_KERNELS", raising=False)
-    assert kernel_backend("cpu") == "cpu"
-    assert get_ops("cpu").paged_attention is cpu_attention.paged_attention
-    for name in ("rms_norm", "rotary_embedding", "reshape_and_cache"):
-        assert getattr(get_ops("cpu"), name) is getattr(cpu_layer_ops, name)
-    monkeypatch.setenv("NANOSERVE_KERNELS", "reference")
-    assert get_ops("cpu") is reference
-
-
-def test_without_the_op_the_backend_is_the_reference(monkeypatch):
-    monkeypatch.delenv("NANOSERVE_KERNELS", raising=False)
-    monkeypatch.setattr(cpu_build, "available", lambda: False)
-    assert kernel_backend("cpu") == "reference" and get_ops("cpu") is reference
-
-
-def test_other_systems_are_told_why_not(monkeypatch):
-    monkeypatch.setattr("sys.platform", "darwin")
-    assert cpu_build.available.__wrapped__() is False
-    assert "darwin" in cpu_build._why_not[-1]
