@@ -52,8 +52,9 @@ def get_ops(device):
     if backend == "cpu":
         if not cpu_build.available():
             raise RuntimeError(f"NANOSERVE_KERNELS=cpu: {cpu_build.unavailable_reason()}")
-        small = {name: getattr(cpu_layer_ops, name) for name in KERNEL_NAMES[:3]}
-        return kernel_ops(reference, paged_attention=cpu_attention.paged_attention, **small)
+        return kernel_ops(reference, paged_attention=cpu_attention.paged_attention,
+                          rms_norm=cpu_layer_ops.rms_norm, rotary_embedding=cpu_layer_ops.rotary_embedding,
+                          reshape_and_cache=cpu_layer_ops.reshape_and_cache)
     return reference
 
 
