@@ -106,12 +106,18 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
     for (int64_t o = 0; o < n; ++o)
       for (int64_t x = 0; x < row_bytes; x += 64) __builtin_prefetch(base + o * token_stride * sizeof(T) + x);
   };
-  prefetch(k_cache, 0);
-  for (int64_t b = 0; b < blocks; ++b) {  // scores: (nq, L)
-    const int64_t n = std::min(block_size, L - b * block_size);
-    int64_t stride;
-    prefetch(k_cache, b + 1);
-    const float* k = block_rows(k_cache, b, n, stride);
+  // visit(b, n, rows, stride) for each block of `cache` in order, the next one prefetched
+  auto each_block = [&](const T* cache, auto&& visit) {
+    prefetch(cache, 0);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t n = std::min(block_size, L - b * block_size);
+      int64_t stride;
+      prefetch(cache, b + 1);
+      const float* rows = block_rows(cache, b, n, stride);
+      visit(b, n, rows, stride);
+    }
+  };
+  each_block(k_cache, [&](int64_t b, int64_t n, const float* k, int64_t stride) {  // scores: (nq, L)
     for (int64_t j = 0; j < nq; ++j) {
       vf8 q[NV > 0 ? NV : 16];
       for (int64_t i = 0; i < nv; ++i) q[i] = load8(qf + j * hd + 8 * i);
@@ -132,7 +138,7 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
         s[o] = sum8(a0 + a1);
       }
     }
-  }
+  });
   for (int64_t j = 0; j < nq; ++j) {  // softmax numerators in place; out gets 1/sum at the end
     float* s = scores + j * Ls;
     // pad to whole vectors: a padding score's e^x is e^-87, below an ulp of the sum (>= 1)
@@ -150,12 +156,7 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
     out[nq * hd + j] = 1.f / sum8(z);  // out has nq * hd + nq floats: the outputs, then 1/sums
     std::fill(out + j * hd, out + (j + 1) * hd, 0.f);
   }
-  prefetch(v_cache, 0);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t n = std::min(block_size, L - b * block_size);
-    int64_t stride;
-    prefetch(v_cache, b + 1);
-    const float* v = block_rows(v_cache, b, n, stride);
+  each_block(v_cache, [&](int64_t b, int64_t n, const float* v, int64_t stride) {
     for (int64_t j = 0; j < nq; ++j) {
       vf8 acc[NV > 0 ? NV : 16];
       for (int64_t i = 0; i < nv; ++i) acc[i] = load8(out + j * hd + 8 * i);
@@ -165,7 +166,7 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
         for (int64_t i = 0; i < nv; ++i) acc[i] += p[o] * load8(vj + o * stride + 8 * i);
       for (int64_t i = 0; i < nv; ++i) std::memcpy(out + j * hd + 8 * i, &acc[i], sizeof(vf8));
     }
-  }
+  });
 }
 
 template <typename T>
