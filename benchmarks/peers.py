@@ -85,13 +85,14 @@ def write_report(report: dict, text: str, out_dir: str, name: str, quick: bool,
 
 def cpu_facts() -> dict:
     """The CPU a result was measured on: lscpu's model name, cores, and the flags that decide
-    which matmul kernels exist (AVX2, AVX-512, AMX bf16)."""
+    which matmul kernels exist (AVX2, AVX-512, AVX-512 bf16, AMX bf16)."""
     flags = open("/proc/cpuinfo").read().split()
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
                   if line.startswith("Model name")), platform.processor() or "unknown")
     return {"cpu": model, "cores": os.cpu_count(), "avx2": "avx2" in flags,
-            "avx512f": "avx512f" in flags, "amx_bf16": "amx_bf16" in flags}
+            "avx512f": "avx512f" in flags, "avx512_bf16": "avx512_bf16" in flags,
+            "amx_bf16": "amx_bf16" in flags}
 
 
 def other_cpu_load(interval: float = 1.0) -> float:

@@ -17,6 +17,7 @@ import os
 import torch
 
 from nanoserve.config import EngineConfig, ModelConfig, default_device
+from nanoserve.engine.cpu_malloc import keep_freed_memory
 from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.kv_cache import allocate_kv_cache, kv_bytes_per_block, num_blocks_in
 from nanoserve.engine.kv_connector import KVConnectorRole
@@ -91,6 +92,8 @@ class ModelRunner(Executor):
                  num_blocks: int, seed: int = 0, tokenizer=None):
         self.model, self.model_config, self.ecfg = model, mcfg, ecfg
         self.tokenizer = tokenizer
+        if torch.device(device).type == "cpu":
+            keep_freed_memory()  # each step's activations reuse the last one's pages (cpu_malloc.py)
         if not ecfg.compile:  # inductor packs weights its own way
             model.process_weights_after_loading()  # CPU: oneDNN-prepacked weights
         # optional torch.compile: fuses the elementwise ops around the matmuls
@@ -112,10 +115,12 @@ class ModelRunner(Executor):
         seq_lens = [s.start + n for s, n in zip(seqs, lens)]
         input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)),
                                  dtype=torch.long)
-        lens_t = torch.tensor(lens)
-        seq_idx = torch.repeat_interleave(torch.arange(len(seqs)), lens_t)  # (T,) owner of each token
         starts = torch.tensor([s.start for s in seqs])
-        positions = torch.arange(qsl[-1]) - torch.tensor(qsl[:-1])[seq_idx] + starts[seq_idx]  # (T,)
+        if qsl[-1] == len(seqs):  # one token each (decode): each is its own sequence's
+            seq_idx, positions = torch.arange(len(seqs)), starts
+        else:
+            seq_idx = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(lens))  # (T,) owner
+            positions = torch.arange(qsl[-1]) - torch.tensor(qsl[:-1])[seq_idx] + starts[seq_idx]  # (T,)
         width = max(len(s.block_ids) for s in seqs)
         block_tables = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs],
                                     dtype=torch.int32)  # (B, max_blocks)
@@ -124,7 +129,8 @@ class ModelRunner(Executor):
             query_start_loc=torch.tensor(qsl, dtype=torch.int32).to(dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev),
             block_tables=block_tables.to(dev), slot_mapping=slots.to(dev),
-            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
+            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens,
+            num_decodes=next((i for i, n in enumerate(lens) if n > 1), len(lens)))
         logits_indices = [qsl[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
         return input_ids.to(dev), positions.to(dev), attn, logits_indices
 
@@ -192,6 +198,9 @@ class ModelRunner(Executor):
             connector.clear_connector_metadata()
 
     def _run(self, seqs) -> dict[str, int]:
+        # single-token queries first, as vLLM orders a batch: the attention kernels take them
+        # as one block of rows (AttentionMetadata.num_decodes)
+        seqs = sorted(seqs, key=lambda s: len(s.token_ids) > 1)
         input_ids, positions, attn, logits_indices = self.prepare(seqs)
         if self.graphs is not None and self.graphs.can_run(seqs):
             hidden = self.graphs.run(input_ids, positions, attn)

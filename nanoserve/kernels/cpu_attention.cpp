@@ -19,47 +19,22 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_vec.h"
+
+namespace nanoserve {
+// The whole op for bf16 on a CPU with AVX512-BF16 dot products (cpu_attention_bf16.cpp); false,
+// doing nothing, where the library was built without them or head_dim is not a multiple of 32.
+bool decode_attention_bf16_dot(const at::Tensor& q, const at::Tensor& out, const at::Tensor& k_cache,
+                               const at::Tensor& v_cache, const at::Tensor& block_tables,
+                               const at::Tensor& seq_lens, double scale, int64_t nh);
+}  // namespace nanoserve
+
 namespace {
 
-template <typename T>
-inline void to_float(const T* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
-
-template <>
-inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);  // bf16 is fp32's top half
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
-}
-
-// 8 floats in one value: GCC and Clang lower arithmetic on it to AVX2, SSE or NEON as the CPU has.
-typedef float vf8 __attribute__((vector_size(32)));
-typedef int32_t vi8 __attribute__((vector_size(32)));
-
-// e^x for x <= 0, eight at a time: the Cephes library's expf (S. Moshier), 2^n * e^r with
-// |r| <= ln2/2 and a degree-6 polynomial, about 1 ulp; std::exp would be a call per element
-inline vf8 exp_nonpositive(vf8 x) {
-  x = x < -87.0f ? -87.0f : x;  // below this e^x is 0 to a softmax; 2^n stays a normal float
-  const vi8 ni = __builtin_convertvector(x * 1.44269504f - 0.5f, vi8);  // round(x / ln2), x <= 0
-  const vf8 n = __builtin_convertvector(ni, vf8);
-  const vf8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  vf8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  return (p * r * r + r + 1.0f) * (vf8)((ni + 127) << 23);  // * 2^n, built in the exponent bits
-}
-
-inline vf8 load8(const float* p) {
-  vf8 v;
-  std::memcpy(&v, p, sizeof v);  // an unaligned vector load
-  return v;
-}
-
-inline float sum8(vf8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+using nanoserve::load8;
+using nanoserve::sum8;
+using nanoserve::to_float;
+using nanoserve::vf8;
 
 // (sum(a[0]), ..., sum(a[7])): eight horizontal sums at once, a tree of pairwise lane sums
 inline vf8 sum8x8(const vf8* a) {
@@ -139,23 +114,8 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
       }
     }
   });
-  for (int64_t j = 0; j < nq; ++j) {  // softmax numerators in place; out gets 1/sum at the end
-    float* s = scores + j * Ls;
-    // pad to whole vectors: a padding score's e^x is e^-87, below an ulp of the sum (>= 1)
-    std::fill(s + L, s + Ls, -INFINITY);
-    vf8 mv = load8(s);
-    for (int64_t t = 8; t < L; t += 8) mv = mv > load8(s + t) ? mv : load8(s + t);
-    const float m = std::max(std::max(std::max(mv[0], mv[1]), std::max(mv[2], mv[3])),
-                             std::max(std::max(mv[4], mv[5]), std::max(mv[6], mv[7])));
-    vf8 z = {};
-    for (int64_t t = 0; t < L; t += 8) {
-      const vf8 e = exp_nonpositive(load8(s + t) - m);
-      std::memcpy(s + t, &e, sizeof e);
-      z += e;
-    }
-    out[nq * hd + j] = 1.f / sum8(z);  // out has nq * hd + nq floats: the outputs, then 1/sums
-    std::fill(out + j * hd, out + (j + 1) * hd, 0.f);
-  }
+  nanoserve::softmax_rows(scores, nq, L, Ls, out + nq * hd);  // out: nq * hd outputs, then 1/sums
+  std::fill(out, out + nq * hd, 0.f);
   each_block(v_cache, [&](int64_t b, int64_t n, const float* v, int64_t stride) {
     for (int64_t j = 0; j < nq; ++j) {
       vf8 acc[NV > 0 ? NV : 16];
@@ -201,6 +161,9 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& out, const at:
   // a work item per sequence (its blocks read whole, in order) when there are enough of them
   // to keep every thread busy; else per (sequence, kv head)
   const int64_t nh = D >= 4 * at::get_num_threads() ? kvh : 1, per_seq = kvh / nh;
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    if (nanoserve::decode_attention_bf16_dot(q, out, k_cache, v_cache, block_tables, seq_lens, scale, nh))
+      return;
   auto run = hd == 64 ? attend<T, 8> : hd == 128 ? attend<T, 16> : attend<T, 0>;
 
   at::parallel_for(0, D * per_seq, 1, [&](int64_t begin, int64_t end) {

@@ -1,8 +1,10 @@
 """Build and load nanoserve's C++ CPU kernels: torch.ops.nanoserve_cpu.
 
-Two source files: paged decode attention (cpu_attention.cpp, called by cpu_attention.py), and a
-decoder layer's small ops, RMSNorm, RoPE and the K/V cache write (cpu_layer_ops.cpp, called by
-cpu_layer_ops.py).
+The sources: paged decode attention (cpu_attention.cpp, and cpu_attention_bf16.cpp for a bf16
+cache on a CPU with AVX512-BF16; called by cpu_attention.py), a decoder layer's small ops,
+RMSNorm, RoPE and the K/V cache write (cpu_layer_ops.cpp, called by cpu_layer_ops.py), and the
+GEMV of one- and two-row linears (cpu_gemv.cpp, called by cpu_gemm.py); cpu_vec.h has the vector
+helpers they share.
 They are built on first use with the machine's C++ compiler against the installed torch's
 headers, into one library in a cache folder keyed by the sources, torch, compiler and CPU, so
 later processes just load it: about 20 s once per machine. Where that cannot happen (no
@@ -27,7 +29,9 @@ import warnings
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(HERE, name) for name in ("cpu_attention.cpp", "cpu_layer_ops.cpp")]
+SOURCES = [os.path.join(HERE, name) for name in
+           ("cpu_attention.cpp", "cpu_attention_bf16.cpp", "cpu_layer_ops.cpp", "cpu_gemv.cpp")]
+HEADERS = [os.path.join(HERE, "cpu_vec.h")]
 _why_not: list[str] = []
 
 
@@ -80,7 +84,7 @@ def available() -> bool:
     if not cxx:
         _why_not.append("no C++ compiler (c++, g++ or $CXX) on PATH")
         return False
-    code = b"".join(pathlib.Path(src).read_bytes() for src in SOURCES)
+    code = b"".join(pathlib.Path(src).read_bytes() for src in SOURCES + HEADERS)
     key = hashlib.sha256(code + "|".join(
         [torch.__version__, torch.__file__, cxx, _cpu_id()]).encode()).hexdigest()[:16]
     path = os.path.join(cache_dir(), f"nanoserve_cpu_{key}.so")

@@ -1,4 +1,4 @@
-"""CPU matmuls on oneDNN-prepacked weights: what a CPU decode step spends its time in.
+"""CPU matmuls: oneDNN-prepacked weights, and a GEMV for one or two rows.
 
 A batch-1 decode step is a chain of matrix-vector products, so its speed is the speed at
 which the CPU streams weights, and that depends on the weight's layout in memory. oneDNN
@@ -9,15 +9,23 @@ llama-120m's 48 layer matrices, far bigger than the 32 MiB L3), ms per pass, F.l
 fp32 batch 1 22.2 vs 12.3 (25 GB/s), batch 64 97.7 vs 49.5, batch 2048 1635 vs 1555;
 bf16 batch 1 11.8 vs 7.8, batch 64 34.1 vs 27.0, batch 2048 795 vs 726.
 
+One and two rows go to a GEMV of our own instead (cpu_gemv.cpp, where the C++ ops build): each
+thread streams a contiguous range of the *dense* weight's rows in memory order, which on a 2-core
+AVX-512 EPYC read llama-120m's weights at 30 GB/s against oneDNN's 19-24 at one row (fp32 and
+bf16; benchmarks/cpu_linear.py). It needs the dense weight, so a layer then holds its weight
+twice, dense and packed: a model keeps the dense copies while its weights take at most an eighth
+of the machine's memory (`room_for_dense`), and runs one row on oneDNN above that.
+
 A CPU without bf16 instructions (AVX2 only, no avx512_bf16/AMX) has no oneDNN bf16 kernel, and
 torch's own bf16 gemm there is a slow generic loop: llama-120m's matrices ran at about 6 GFLOP/s
 at batch 64 and 2048, 7-17x slower than fp32 on a 2-core AVX2 EPYC. There a bf16 (or fp16)
-layer keeps its weight twice (`compute_dtype`): a packed fp32 copy for batches of two or more
-rows, computed in fp32 and rounded to bf16 as a bf16 gemm with fp32 accumulation would be, and
-the dense bf16 weight for single rows, where F.linear reads half the bytes of the fp32 copy.
+layer keeps its weight twice (`compute_dtype`): a packed fp32 copy for batches of more rows,
+computed in fp32 and rounded to bf16 as a bf16 gemm with fp32 accumulation would be, and
+the dense bf16 weight for the GEMV (or F.linear, without the C++ ops), which reads half the bytes
+of the fp32 copy.
 
-`PackedLinear.from_linear(m)` swaps an nn.Linear for one that holds only the packed weight
-(no second copy in memory, except the dense one above); its state_dict still has the plain `weight`.
+`PackedLinear.from_linear(m)` swaps an nn.Linear for one that holds the packed weight (and the
+dense one, as above); its state_dict still has the plain `weight`.
 """
 
 from __future__ import annotations
@@ -27,6 +35,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+GEMV_ROWS = 2  # inputs of at most this many rows go to the GEMV, larger ones to oneDNN
+GEMV_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def supported(dtype: torch.dtype) -> bool:
@@ -58,16 +69,33 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def room_for_dense(nbytes: int) -> bool:
+    """May a model of `nbytes` of linear weights keep their dense copies beside the packed ones
+    (for the GEMV)? While they take at most an eighth of this machine's memory."""
+    import psutil
+    return nbytes <= psutil.virtual_memory().total // 8
+
+
+def _gemv_takes(weight: torch.Tensor) -> bool:
+    """Is the GEMV of cpu_gemv.cpp built, chosen (NANOSERVE_KERNELS), and able to take this weight?"""
+    from nanoserve.kernels import kernel_backend  # the package imports this module's neighbours
+    return (weight.dtype in GEMV_DTYPES and weight.shape[1] % 32 == 0
+            and kernel_backend(weight.device) == "cpu")
+
+
 class PackedLinear(nn.Module):
     """An inference-only nn.Linear on a packed weight. `.to(dtype)` repacks; state_dict() gives
     the dense `weight`, but loading one back is not supported: pack after loading weights.
 
-    Where the packed weight is fp32 but the layer bf16/fp16 (`compute_dtype`), inputs of two or
-    more rows run in fp32 and the output is rounded back; single rows use the kept dense weight.
+    Up to GEMV_ROWS rows run on the dense weight in the GEMV when `keep_dense` (and the C++ op
+    takes the weight); more rows on the packed weight. Where the packed weight is fp32 but the layer
+    bf16/fp16 (`compute_dtype`), those run in fp32 and the output is rounded back, and single rows
+    use the dense weight (in the GEMV, else F.linear) whether or not `keep_dense`.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, keep_dense: bool = True):
         super().__init__()
+        self.keep_dense = keep_dense
         self._set_weight(weight)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.out_features, self.in_features = weight.shape
@@ -78,18 +106,24 @@ class PackedLinear(nn.Module):
         if cdt is None:
             raise ValueError(f"PackedLinear cannot hold a {weight.dtype} weight on {weight.device}: "
                              "oneDNN has no kernel for it here; convert the model before packing it")
-        self.dtype = weight.dtype
+        self.dtype, self.compute = weight.dtype, cdt
         self.packed = pack(weight.to(cdt))  # plain attributes: opaque tensors cannot be parameters
-        self.dense = None if cdt == weight.dtype else weight.detach()
+        self.gemv = _gemv_takes(weight) and (self.keep_dense or cdt != weight.dtype)
+        self.dense = weight.detach().contiguous() if self.gemv or cdt != weight.dtype else None
 
     @classmethod
-    def from_linear(cls, m: nn.Linear) -> PackedLinear:
-        return cls(m.weight, m.bias)
+    def from_linear(cls, m: nn.Linear, keep_dense: bool = True) -> PackedLinear:
+        return cls(m.weight, m.bias, keep_dense)
 
     def forward(self, x):
-        if self.dense is None:
+        rows = x.numel() // x.shape[-1]
+        if self.gemv and rows <= GEMV_ROWS:
+            y = x.new_empty(rows, self.out_features)
+            torch.ops.nanoserve_cpu.gemv(y, x.reshape(rows, -1).contiguous(), self.dense, self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
+        if self.compute == self.dtype:
             return linear(x, self.packed, self.bias)
-        if x.numel() == x.shape[-1]:  # one row: a weight read, cheaper in the 16-bit copy
+        if rows == 1:  # one row: a weight read, cheaper in the 16-bit copy
             return F.linear(x, self.dense, self.bias)
         bias = None if self.bias is None else self.bias.float()
         return linear(x.float(), self.packed, bias).to(self.dtype)
@@ -104,10 +138,12 @@ class PackedLinear(nn.Module):
 
 def linear_for(weight: torch.Tensor) -> tuple[str, Callable[[torch.Tensor], torch.Tensor]]:
     """(name, x -> x @ weight.T) as the engine computes it: packed where oneDNN can run the
-    weight's dtype on a CPU (in fp32 for bf16 on a CPU without bf16 kernels), F.linear elsewhere."""
+    weight's dtype on a CPU (in fp32 for bf16 on a CPU without bf16 kernels) with the GEMV for
+    one or two rows, F.linear elsewhere."""
     if weight.device.type == "cpu" and compute_dtype(weight.dtype) is not None:
         m = PackedLinear(weight, None)
-        name = "oneDNN linear" + ("" if m.dense is None else " (fp32 compute above one row)")
+        name = ("oneDNN linear" + ("" if m.compute == m.dtype else " (fp32 compute above one row)")
+                + (f", GEMV up to {GEMV_ROWS} rows" if m.gemv else ""))
         return name, m
     return "F.linear", lambda x: F.linear(x, weight)
 

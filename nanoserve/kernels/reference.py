@@ -119,33 +119,24 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     attn.block_tables: (B, max_blocks) int32, padded with any valid id.
     Query token j of sequence b sits at position seq_lens[b] - q_len[b] + j and attends
     causally to cached positions <= its own. GQA: head h reads kv head h // (num_heads/num_kv_heads).
-    Returns (T, num_heads, head_dim). `decode_attention` computes the single-token rows
-    (`_decode_attention`'s contract): the CPU backend passes its C++ op (cpu_attention.py).
+    Returns (T, num_heads, head_dim). `decode_attention` computes the leading single-token rows
+    (attn.decode_count; `_decode_attention`'s contract: it writes them in place into `out`), the
+    CPU backend passing its C++ op (cpu_attention.py); the other sequences go one at a time.
     """
     qsl, lens = attn.host_offsets()
-    block_tables, query_start_loc, seq_lens = attn.block_tables, attn.query_start_loc, attn.seq_lens
+    block_tables, seq_lens = attn.block_tables, attn.seq_lens
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
-    q_lens = [qsl[i + 1] - qsl[i] for i in range(len(lens))]
-    decode = [i for i, n in enumerate(q_lens) if n == 1]
-    if decode:
-        D = len(decode)
-        if D == len(lens):  # a decode-only step: every row is already in place
-            rows, tables, d_lens = slice(None), block_tables, seq_lens
-        else:
-            idx = torch.tensor(decode, device=q.device)
-            rows, tables, d_lens = query_start_loc[idx].long(), block_tables[idx], seq_lens[idx]
+    D = attn.decode_count(qsl)  # the leading single-token queries: rows 0..D-1 of q and out
+    if D:
         # GQA without repeating K/V: the `group` query heads of a kv head are its `group` queries
-        qd = q[rows].view(D, num_kv_heads, group, head_dim)  # (D, kvh, g, hd)
-        od = torch.empty_like(qd)
-        decode_attention(qd, od, k_cache, v_cache, tables, d_lens, [lens[i] for i in decode], scale)
-        out[rows] = od.view(D, num_heads, head_dim)
-    for i, n in enumerate(q_lens):
-        if n <= 1:
-            continue
-        s, L = qsl[i], lens[i]
+        qd = q[:D].view(D, num_kv_heads, group, head_dim)  # (D, kvh, g, hd)
+        decode_attention(qd, out[:D].view_as(qd), k_cache, v_cache, block_tables[:D], seq_lens[:D],
+                         lens[:D], scale)
+    for i in range(D, len(lens)):  # a sequence at a time (a decode among them is one row)
+        s, n, L = qsl[i], qsl[i + 1] - qsl[i], lens[i]
         k = gather_kv(k_cache, block_tables[i], L).transpose(0, 1)[None]
         v = gather_kv(v_cache, block_tables[i], L).transpose(0, 1)[None]
         qs = q[s:s + n].transpose(0, 1)[None]  # (1, num_heads, n, hd); K/V: (1, kvh, L, hd)

@@ -142,14 +142,19 @@ def capacity(target: Target, vocab: int, n: int, input_len: int, output_len: int
 
 
 def rate_sweep(target: Target, vocab: int, n: int, input_len: int, output_len: int, fractions,
-               seed: int = 0) -> list[tuple[float, LoadResult]]:
-    """loadgen at fractions of the measured capacity (Poisson arrivals, one seed per rate)."""
+               seed: int = 0, min_requests: int = 8) -> list[tuple[float, LoadResult]]:
+    """loadgen at fractions of the measured capacity (Poisson arrivals, one seed per rate).
+
+    The capacity is measured with n requests sent at once; each rate then gets the same span of
+    arrivals (the n / capacity seconds of that burst: round(n * fraction) requests, at least
+    min_requests), so a load at a fifth of capacity takes about as long as one at capacity
+    instead of five times longer."""
     cap = capacity(target, vocab, n, input_len, output_len, seed)
     out = []
     for i, f in enumerate(fractions):
         rate = f * cap
-        reqs = datasets.random_dataset(n, input_len, output_len, vocab, rate=rate,
-                                       seed=seed + FRESH["sweep"] + i)
+        reqs = datasets.random_dataset(max(min_requests, round(n * f)), input_len, output_len, vocab,
+                                       rate=rate, seed=seed + FRESH["sweep"] + i)
         out.append((rate, _load(target, reqs)))
     return out
 
@@ -158,7 +163,7 @@ def sweep_table(sweep) -> list[dict]:
     rows = []
     for rate, res in sweep:
         m = res.metrics()
-        rows.append({"offered (req/s)": round(rate, 2),
+        rows.append({"requests": m.num_requests, "offered (req/s)": round(rate, 2),
                      "achieved (req/s)": round(m.request_throughput, 2),
                      "TTFT p50 (ms)": round(1e3 * m.ttft.median, 1),
                      "TTFT p99 (ms)": round(1e3 * m.ttft.p99, 1),

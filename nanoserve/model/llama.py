@@ -143,20 +143,24 @@ class LlamaForCausalLM(nn.Module):
 
         The model runner calls this once, after loading (vLLM's name for the hook); from then
         on the linear weights are frozen: load_weights refuses the model. Each nn.Linear becomes
-        a PackedLinear holding only the packed weight. The lm_head gets a packed copy beside its
-        dense one: the embedding lookup of a tied model needs the dense rows, and an untied
-        model keeps its `lm_head` parameter for state_dict (one vocab x hidden matrix extra).
-        A bf16 model on a CPU without bf16 kernels also keeps its dense weights: see cpu_gemm.
+        a PackedLinear holding the packed weight, and the dense one too for the GEMV of one or
+        two rows while the weights take at most an eighth of the machine's memory
+        (cpu_gemm.room_for_dense). The lm_head gets a packed copy beside its dense one: the
+        embedding lookup of a tied model needs the dense rows, and an untied model keeps its
+        `lm_head` parameter for state_dict (one vocab x hidden matrix extra). A bf16 model on a
+        CPU without bf16 kernels keeps its dense weights in any case: see cpu_gemm.
         """
         weight = self.embed_tokens.weight
         if weight.device.type != "cpu" or cpu_gemm.compute_dtype(weight.dtype) is None:
             return
-        for name, m in list(self.named_modules()):
-            if isinstance(m, nn.Linear):
-                parent, attr = name.rsplit(".", 1)
-                setattr(self.get_submodule(parent), attr, cpu_gemm.PackedLinear.from_linear(m))
+        linears = [(name, m) for name, m in self.named_modules() if isinstance(m, nn.Linear)]
+        dense = cpu_gemm.room_for_dense(sum(m.weight.nbytes for _, m in linears)
+                                        + self.lm_head_weight().nbytes)
+        for name, m in linears:
+            parent, attr = name.rsplit(".", 1)
+            setattr(self.get_submodule(parent), attr, cpu_gemm.PackedLinear.from_linear(m, dense))
         # a bound method, not a submodule: no state_dict entry, no hook of step_profile's
-        self.lm_head_packed = cpu_gemm.PackedLinear(self.lm_head_weight(), None).forward
+        self.lm_head_packed = cpu_gemm.PackedLinear(self.lm_head_weight(), None, dense).forward
 
     def forward(self, input_ids, positions, kv_caches, attn: AttentionMetadata):
         """input_ids, positions: (T,); kv_caches: per layer (k_cache, v_cache). -> (T, hidden)."""

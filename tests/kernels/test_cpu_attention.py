@@ -60,6 +60,21 @@ def test_op_matches_the_token_loop(lens, group, num_kv_heads, head_dim, block_si
     torch.testing.assert_close(od.view_as(want), want, **TOL[torch.float32])
 
 
+@settings(max_examples=10, deadline=None)
+@given(lens=st.lists(st.integers(1, 70), min_size=1, max_size=12), group=st.sampled_from([1, 3]),
+       num_kv_heads=st.integers(1, 3), head_dim=st.sampled_from([32, 64, 128]),
+       block_size=st.sampled_from([1, 5, 16, 32]))
+def test_bf16_matches_the_token_loop(lens, group, num_kv_heads, head_dim, block_size):
+    """bf16 caches: on a CPU with AVX512-BF16 the op pairs tokens (odd blocks end in a half pair)
+    and reads 16 keys at a time (blocks of 32 hold two such runs); elsewhere the generic path."""
+    qd, od, k_cache, v_cache, tables, seq_lens = decode_batch(
+        lens, group * num_kv_heads, num_kv_heads, head_dim, block_size, torch.bfloat16)
+    cpu_attention.decode_attention(qd, od, k_cache, v_cache, tables, seq_lens, lens, 0.3)
+    want = loop_attention(qd.reshape(len(lens), -1, head_dim), k_cache, v_cache, tables,
+                          [(n - 1, 1) for n in lens], 0.3)
+    torch.testing.assert_close(od.view_as(want).float(), want.float(), **TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("D", [3, 17])
 def test_threads_and_work_split_do_not_change_a_bit(D):
     """Each query head's output is computed by one thread in the same order, however the

@@ -34,14 +34,15 @@ def test_bf16_without_bf16_kernels_rounds_an_fp32_product():
     x = torch.randn(5, 256).bfloat16()
     want = F.linear(x.float(), m.weight.float(), m.bias.float()).bfloat16()
     if cpu_gemm.supported(torch.bfloat16):
-        assert packed.dense is None
+        assert packed.compute == torch.bfloat16
         torch.testing.assert_close(packed(x), want, rtol=1e-2, atol=1e-2)
         return
     assert cpu_gemm.compute_dtype(torch.bfloat16) == torch.float32 and packed.dense is not None
     # fp32 sums in a different order can straddle a bf16 rounding boundary: at most one bf16 step
     assert (packed(x).float() - want.float()).abs().le(want.float().abs() * 2**-7 + 1e-6).all()
     assert (packed(x) == want).float().mean() > 0.95
-    torch.testing.assert_close(packed(x[:1]), F.linear(x[:1], m.weight, m.bias))  # one row: dense
+    # one row reads the dense bf16 weight (the GEMV's fp32 sums, or F.linear without the C++ ops)
+    torch.testing.assert_close(packed(x[:1]), F.linear(x[:1], m.weight, m.bias), rtol=1e-2, atol=1e-2)
 
 
 def test_state_dict_keeps_the_dense_weight():
@@ -89,3 +90,70 @@ def test_loading_weights_into_a_packed_model_is_refused(tmp_path):
     net.process_weights_after_loading()
     with pytest.raises(ValueError, match="process_weights_after_loading"):
         load_weights(net, str(tmp_path))
+
+
+def _gemv_available() -> bool:
+    from nanoserve.kernels import kernel_backend
+    return kernel_backend("cpu") == "cpu"
+
+
+needs_gemv = pytest.mark.skipif(not _gemv_available(), reason="the C++ CPU ops are not built here")
+
+
+@needs_gemv
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("out_features", [1, 80, 1000])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_matches_an_fp32_product(dtype, tol, rows, out_features, bias):
+    """y = x W^T + b summed in fp32 and rounded once; output rows split over threads (1000 rows)."""
+    torch.manual_seed(rows)
+    w = torch.randn(out_features, 96).to(dtype)
+    b = torch.randn(out_features).to(dtype) if bias else None
+    x = torch.randn(rows, 96).to(dtype)
+    y = torch.full((rows, out_features), float("nan"), dtype=dtype)
+    torch.ops.nanoserve_cpu.gemv(y, x, w, b)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    torch.testing.assert_close(y, want.to(dtype), rtol=tol, atol=tol)
+
+
+@needs_gemv
+def test_packed_linear_runs_one_or_two_rows_in_the_gemv(monkeypatch):
+    m = nn.Linear(64, 40)
+    packed = cpu_gemm.PackedLinear.from_linear(m)
+    assert packed.gemv and packed.dense is not None
+    calls = []
+    real = torch.ops.nanoserve_cpu.gemv
+    monkeypatch.setattr(torch.ops.nanoserve_cpu, "gemv", lambda *a: calls.append(a[1].shape) or real(*a))
+    for rows in (1, 2, 3):
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(packed(x), F.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-5)
+    assert calls == [(1, 64), (2, 64)]  # three rows went to oneDNN
+    assert packed(torch.randn(1, 1, 64)).shape == (1, 1, 40)
+
+
+@needs_gemv
+def test_without_room_for_dense_copies_rows_go_to_onednn():
+    m = nn.Linear(64, 40)
+    packed = cpu_gemm.PackedLinear.from_linear(m, keep_dense=False)
+    assert not packed.gemv and packed.dense is None
+    x = torch.randn(1, 64)
+    torch.testing.assert_close(packed(x), F.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-5)
+    assert cpu_gemm.room_for_dense(2**20) and not cpu_gemm.room_for_dense(2**50)
+
+
+def test_gemv_needs_whole_32_value_rows_and_the_cpu_backend(monkeypatch):
+    assert not cpu_gemm.PackedLinear(torch.randn(8, 48), None).gemv  # 48 inputs: oneDNN only
+    monkeypatch.setenv("NANOSERVE_KERNELS", "reference")
+    assert not cpu_gemm.PackedLinear(torch.randn(8, 64), None).gemv
+
+
+@needs_gemv
+def test_the_gemv_refuses_what_it_cannot_take():
+    w, y = torch.randn(8, 64), torch.empty(3, 8)
+    with pytest.raises(RuntimeError, match="1 or 2"):
+        torch.ops.nanoserve_cpu.gemv(y, torch.randn(3, 64), w, None)
+    with pytest.raises(RuntimeError, match="in % 32"):
+        torch.ops.nanoserve_cpu.gemv(y[:1], torch.randn(1, 64), w.bfloat16(), None)
+    with pytest.raises(RuntimeError, match="bias"):
+        torch.ops.nanoserve_cpu.gemv(y[:1], torch.randn(1, 64), w, torch.randn(9))

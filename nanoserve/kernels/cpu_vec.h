@@ -1,0 +1,87 @@
+// Vector helpers shared by nanoserve's C++ CPU kernels: eight floats as one value (GCC and Clang
+// lower arithmetic on it to AVX2, SSE or NEON, as the CPU has), loads that widen bf16, horizontal
+// sums, e^x, and the softmax of score rows that both decode-attention work items use.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace nanoserve {
+
+typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
+
+// src[0:n] as fp32 into dst
+template <typename T>
+inline void to_float(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+template <>
+inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);  // bf16 is fp32's top half
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
+}
+
+inline vf8 load8(const float* p) {
+  vf8 v;
+  std::memcpy(&v, p, sizeof v);  // an unaligned vector load
+  return v;
+}
+
+inline vf8 load8(const c10::BFloat16* p) {  // eight bf16 widened to fp32 (exact)
+  typedef uint16_t vh8 __attribute__((vector_size(16)));
+  typedef uint32_t vu8 __attribute__((vector_size(32)));
+  vh8 h;
+  std::memcpy(&h, p, sizeof h);
+  const vu8 u = __builtin_convertvector(h, vu8) << 16;
+  vf8 v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+inline float sum8(vf8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+// e^x for x <= 0, eight at a time: the Cephes library's expf (S. Moshier), 2^n * e^r with
+// |r| <= ln2/2 and a degree-6 polynomial, about 1 ulp; std::exp would be a call per element
+inline vf8 exp_nonpositive(vf8 x) {
+  x = x < -87.0f ? -87.0f : x;  // below this e^x is 0 to a softmax; 2^n stays a normal float
+  const vi8 ni = __builtin_convertvector(x * 1.44269504f - 0.5f, vi8);  // round(x / ln2), x <= 0
+  const vf8 n = __builtin_convertvector(ni, vf8);
+  const vf8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vf8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return (p * r * r + r + 1.0f) * (vf8)((ni + 127) << 23);  // * 2^n, built in the exponent bits
+}
+
+// Softmax numerators of nq score rows in place (L scores each, rows Ls >= L apart, Ls a multiple
+// of 8), and inv[j] = 1 / the sum of row j
+inline void softmax_rows(float* scores, int64_t nq, int64_t L, int64_t Ls, float* inv) {
+  for (int64_t j = 0; j < nq; ++j) {
+    float* s = scores + j * Ls;
+    // pad to whole vectors: a padding score's e^x is e^-87, below an ulp of the sum (>= 1)
+    std::fill(s + L, s + Ls, -INFINITY);
+    vf8 mv = load8(s);
+    for (int64_t t = 8; t < L; t += 8) mv = mv > load8(s + t) ? mv : load8(s + t);
+    const float m = std::max(std::max(std::max(mv[0], mv[1]), std::max(mv[2], mv[3])),
+                             std::max(std::max(mv[4], mv[5]), std::max(mv[6], mv[7])));
+    vf8 z = {};
+    for (int64_t t = 0; t < L; t += 8) {
+      const vf8 e = exp_nonpositive(load8(s + t) - m);
+      std::memcpy(s + t, &e, sizeof e);
+      z += e;
+    }
+    inv[j] = 1.f / sum8(z);
+  }
+}
+
+}  // namespace nanoserve
