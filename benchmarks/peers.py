@@ -351,7 +351,8 @@ def measure(names: list[str], model: str, sz: dict, args) -> dict:
     import transformers
     idle: list = []
     check_idle("start", args.require_idle, idle)
-    ceilings = roofline.load_or_measure_ceilings("cpu", quick=args.quick)
+    # measured now, not read from the cache: these VMs' bandwidth moves by 30% between hours
+    ceilings = roofline.load_or_measure_ceilings("cpu", refresh=True, quick=args.quick)
     raw, figs, floors, errors, versions = {}, {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as folder:
         net, cfg, _ = load_model(model, "cpu", "float32", seed=0)

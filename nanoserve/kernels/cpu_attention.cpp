@@ -3,8 +3,9 @@
 //
 // A work item is a sequence (or, when there are too few sequences to keep every thread busy,
 // one kv head of a sequence). Its query heads read each K row and each V row once, from DRAM,
-// and nothing is written but the output. Scores, softmax and the weighted sum of V run in fp32
-// whatever the cache's dtype (fp32, bf16, fp16). Work items are spread over torch's own OpenMP
+// and nothing is written but the output; while it computes, its V rows and the next item's K rows
+// are prefetched. Scores, softmax and the weighted sum of V run in fp32 whatever the cache's dtype
+// (fp32, bf16, fp16; a bf16 cache on a CPU with AVX512-BF16 goes to cpu_attention_bf16.cpp). Work items are spread over torch's own OpenMP
 // threads (at::parallel_for), so the process keeps one thread team.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -19,7 +20,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu_vec.h"
+#include "cpu_common.h"
 
 namespace nanoserve {
 // The whole op for bf16 on a CPU with AVX512-BF16 dot products (cpu_attention_bf16.cpp); false,
@@ -56,7 +57,8 @@ inline vf8 sum8x8(const vf8* a) {
 template <typename T, int NV>
 void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* table, int64_t L,
             int64_t h0, int64_t nh, int64_t group, int64_t nv_runtime, int64_t block_size,
-            int64_t block_stride, int64_t token_stride, float* scores, float* out, float* buf) {
+            int64_t block_stride, int64_t token_stride, float* scores, float* out, float* buf,
+            const nanoserve::NextItem& next) {
   const int64_t nv = NV > 0 ? NV : nv_runtime, hd = 8 * nv, nq = nh * group;
   const int64_t blocks = (L + block_size - 1) / block_size, Ls = (L + 7) / 8 * 8;  // a score row
   // rows of block b for heads h0.. as fp32, `stride` apart: in place for an fp32 cache, else
@@ -72,27 +74,19 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
       return buf;
     }
   };
-  // ask for block b + 1's rows while block b is computed: blocks sit anywhere in the cache, so
-  // the hardware prefetcher cannot guess the next one, and a thread waiting on DRAM is idle
-  auto prefetch = [&](const T* cache, int64_t b) {
-    if (b >= blocks) return;
-    const char* base = reinterpret_cast<const char*>(cache + table[b] * block_stride + h0 * hd);
-    const int64_t row_bytes = nh * hd * sizeof(T), n = std::min(block_size, L - b * block_size);
-    for (int64_t o = 0; o < n; ++o)
-      for (int64_t x = 0; x < row_bytes; x += 64) __builtin_prefetch(base + o * token_stride * sizeof(T) + x);
-  };
-  // visit(b, n, rows, stride) for each block of `cache` in order, the next one prefetched
+  // visit(b, n, rows, stride) for each block of `cache` in order
   auto each_block = [&](const T* cache, auto&& visit) {
-    prefetch(cache, 0);
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t n = std::min(block_size, L - b * block_size);
       int64_t stride;
-      prefetch(cache, b + 1);
       const float* rows = block_rows(cache, b, n, stride);
       visit(b, n, rows, stride);
     }
   };
   each_block(k_cache, [&](int64_t b, int64_t n, const float* k, int64_t stride) {  // scores: (nq, L)
+    // this block's V rows into L2 while its scores are computed: memory stays busy
+    nanoserve::prefetch_l2(v_cache + table[b] * block_stride + h0 * hd, n, nh * hd * sizeof(T),
+                           token_stride * sizeof(T));
     for (int64_t j = 0; j < nq; ++j) {
       vf8 q[NV > 0 ? NV : 16];
       for (int64_t i = 0; i < nv; ++i) q[i] = load8(qf + j * hd + 8 * i);
@@ -117,6 +111,10 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
   nanoserve::softmax_rows(scores, nq, L, Ls, out + nq * hd);  // out: nq * hd outputs, then 1/sums
   std::fill(out, out + nq * hd, 0.f);
   each_block(v_cache, [&](int64_t b, int64_t n, const float* v, int64_t stride) {
+    for (auto [nb, last] = next.key_blocks(b, blocks, block_size); nb < last; ++nb)
+      nanoserve::prefetch_l2(k_cache + next.table[nb] * block_stride + next.h0 * hd,
+                             std::min(block_size, next.L - nb * block_size), nh * hd * sizeof(T),
+                             token_stride * sizeof(T));
     for (int64_t j = 0; j < nq; ++j) {
       vf8 acc[NV > 0 ? NV : 16];
       for (int64_t i = 0; i < nv; ++i) acc[i] = load8(out + j * hd + 8 * i);
@@ -175,7 +173,8 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& out, const at:
       to_float(qp + d * q.stride(0) + h0 * group * hd, qf.data(), nq * hd);
       for (float& x : qf) x *= static_cast<float>(scale);
       run(qf.data(), kp, vp, tables + d * block_tables.stride(0), lens[d], h0, nh, group, hd / 8,
-          block_size, k_cache.stride(0), k_cache.stride(1), scores.data(), acc.data(), buf.data());
+          block_size, k_cache.stride(0), k_cache.stride(1), scores.data(), acc.data(), buf.data(),
+          nanoserve::NextItem::at(item + 1, end, per_seq, nh, tables, block_tables.stride(0), lens));
       T* o = op + (d * H + h0 * group) * hd;
       for (int64_t j = 0; j < nq; ++j)
         for (int64_t x = 0; x < hd; ++x) o[j * hd + x] = static_cast<T>(acc[j * hd + x] * acc[nq * hd + j]);

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu_vec.h"
+#include "cpu_common.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -49,17 +49,15 @@ template <int NZ>
 void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const uint16_t* v_cache,
                  const int32_t* table, int64_t L, int64_t h0, int64_t nh, int64_t group, int64_t nz_runtime,
                  int64_t block_size, int64_t block_stride, int64_t token_stride, float* scores,
-                 uint16_t* probs, float* out, __m512i* pairs_buf) {
+                 uint16_t* probs, float* out, __m512i* pairs_buf, const nanoserve::NextItem& next) {
   const int64_t nz = NZ > 0 ? NZ : nz_runtime, hd = 32 * nz, nq = nh * group;
   const int64_t blocks = (L + block_size - 1) / block_size, Ls = (L + 7) / 8 * 8, Lp = Ls + 16;
   const int64_t npairs = (block_size + 1) / 2;
   for (int64_t b = 0; b < blocks; ++b) {  // scores (nq, L), 16 keys at a time
     const uint16_t* kb = k_cache + table[b] * block_stride + h0 * hd;
     const int64_t n = std::min(block_size, L - b * block_size);
-    // this block's V rows on their way to L2 while its scores are computed: memory stays busy
-    const char* vb = reinterpret_cast<const char*>(v_cache + table[b] * block_stride + h0 * hd);
-    for (int64_t o = 0; o < n; ++o)
-      for (int64_t x = 0; x < nh * hd * 2; x += 64) __builtin_prefetch(vb + 2 * o * token_stride + x, 0, 1);
+    // this block's V rows into L2 while its scores are computed: memory stays busy
+    nanoserve::prefetch_l2(v_cache + table[b] * block_stride + h0 * hd, n, 2 * nh * hd, 2 * token_stride);
     for (int64_t j = 0; j < nq; ++j) {
       __m512bh qv[NZ > 0 ? NZ : 8];
       for (int64_t i = 0; i < nz; ++i) qv[i] = load_bh(q + j * hd + 32 * i);
@@ -89,6 +87,9 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
   for (int64_t b = 0; b < blocks; ++b) {  // out += p V, two tokens at a time
     const uint16_t* vb = v_cache + table[b] * block_stride + h0 * hd;
     const int64_t n = std::min(block_size, L - b * block_size), np = (n + 1) / 2;
+    for (auto [nb, last] = next.key_blocks(b, blocks, block_size); nb < last; ++nb)
+      nanoserve::prefetch_l2(k_cache + next.table[nb] * block_stride + next.h0 * hd,
+                             std::min(block_size, next.L - nb * block_size), 2 * nh * hd, 2 * token_stride);
     // each kv head's rows t, t+1 interleaved: (v[t][d], v[t+1][d]) in 32-bit lanes, once per block
     for (int64_t h = 0; h < nh; ++h)
       for (int64_t pr = 0; pr < np; ++pr)
@@ -153,7 +154,8 @@ bool decode_attention_bf16_dot(const at::Tensor& q, const at::Tensor& out, const
       const int64_t d = item / per_seq, h0 = (item % per_seq) * nh;
       run(qp + d * q.stride(0) + h0 * group * hd, static_cast<float>(scale), kp, vp,
           tables + d * block_tables.stride(0), lens[d], h0, nh, group, hd / 32, block_size,
-          k_cache.stride(0), k_cache.stride(1), scores.data(), probs.data(), acc.data(), pairs_buf.data());
+          k_cache.stride(0), k_cache.stride(1), scores.data(), probs.data(), acc.data(), pairs_buf.data(),
+          nanoserve::NextItem::at(item + 1, end, per_seq, nh, tables, block_tables.stride(0), lens));
       c10::BFloat16* o = reinterpret_cast<c10::BFloat16*>(op) + (d * H + h0 * group) * hd;
       for (int64_t j = 0; j < nq; ++j)
         for (int64_t x = 0; x < hd; ++x) o[j * hd + x] = static_cast<c10::BFloat16>(acc[j * hd + x] * acc[nq * hd + j]);

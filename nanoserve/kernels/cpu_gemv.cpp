@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu_vec.h"
+#include "cpu_common.h"
 
 namespace {
 
