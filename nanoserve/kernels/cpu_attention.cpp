@@ -5,8 +5,9 @@
 // one kv head of a sequence). Its query heads read each K row and each V row once, from DRAM,
 // and nothing is written but the output; while it computes, its V rows and the next item's K rows
 // are prefetched. Scores, softmax and the weighted sum of V run in fp32 whatever the cache's dtype
-// (fp32, bf16, fp16; a bf16 cache on a CPU with AVX512-BF16 goes to cpu_attention_bf16.cpp). Work items are spread over torch's own OpenMP
-// threads (at::parallel_for), so the process keeps one thread team.
+// (fp32, bf16, fp16; a bf16 cache on a CPU with AVX512-BF16 goes to cpu_attention_bf16.cpp). Work
+// items are spread over torch's own OpenMP threads (at::parallel_for), so the process keeps one
+// thread team.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
