@@ -1,6 +1,7 @@
-"""How fast this CPU multiplies by a model's weights: F.linear vs oneDNN-prepacked weights.
+"""How fast this CPU multiplies by a model's weights: F.linear, oneDNN-prepacked weights, and
+the engine's linear (PackedLinear: the GEMV of cpu_gemv.cpp up to two rows, oneDNN above).
 
-    python benchmarks/cpu_linear.py [--model preset:llama-120m] [--batches 1,8,64,512]
+    python benchmarks/cpu_linear.py [--model preset:llama-120m] [--batches 1,2,8,64,512]
 
 Times one pass over every linear layer's weight (all layers, so the weights stream from DRAM as
 in a real step rather than sitting in cache), in fp32 and bf16, for each batch size; prints ms
@@ -28,11 +29,11 @@ def layer_shapes(cfg) -> list[tuple[int, int]]:
             (h, cfg.intermediate_size)]
 
 
-def time_pass(weights, fn, batch: int, dtype) -> float:
-    xs = {w.shape[1]: torch.randn(batch, w.shape[1]).to(dtype) for w in weights}
+def time_pass(weights, fn, batch: int, dtype, shapes) -> float:
+    xs = {i: torch.randn(batch, i).to(dtype) for _, i in shapes}
     def one_pass():
-        for w in weights:
-            fn(xs[w.shape[1]], w)
+        for w, (_, i) in zip(weights, shapes):
+            fn(xs[i], w)
     one_pass()
     times = []
     for _ in range(max(3, min(30, 1000 // batch))):
@@ -45,7 +46,7 @@ def time_pass(weights, fn, batch: int, dtype) -> float:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="preset:llama-120m")
-    ap.add_argument("--batches", default="1,8,64,512")
+    ap.add_argument("--batches", default="1,2,8,64,512")
     args = ap.parse_args(argv)
     cfg = preset_config(args.model.removeprefix("preset:"))
     shapes = layer_shapes(cfg) * cfg.num_hidden_layers
@@ -57,11 +58,13 @@ def main(argv=None) -> None:
         kernels = {"F.linear": (dense, F.linear)}
         if cpu_gemm.supported(dtype):
             kernels["oneDNN"] = ([cpu_gemm.pack(w) for w in dense], cpu_gemm.linear)
+        if cpu_gemm.compute_dtype(dtype) is not None:
+            kernels["engine"] = ([cpu_gemm.PackedLinear(w, None) for w in dense], lambda x, m: m(x))
         nbytes = sum(w.nbytes for w in dense)
         for batch in map(int, args.batches.split(",")):
             flops = 2 * batch * sum(o * i for o, i in shapes)
             for name, (weights, fn) in kernels.items():
-                s = time_pass(weights, fn, batch, dtype)
+                s = time_pass(weights, fn, batch, dtype, [w.shape for w in dense])
                 print(f"{str(dtype)[6:]:<9}{batch:>6}{name:>10}{s * 1e3:9.2f}"
                       f"{nbytes / s / 1e9:8.1f}{flops / s / 1e9:9.0f}", flush=True)
 
