@@ -142,8 +142,9 @@ def linear_for(weight: torch.Tensor) -> tuple[str, Callable[[torch.Tensor], torc
     one or two rows, F.linear elsewhere."""
     if weight.device.type == "cpu" and compute_dtype(weight.dtype) is not None:
         m = PackedLinear(weight, None)
-        name = ("oneDNN linear" + ("" if m.compute == m.dtype else " (fp32 compute above one row)")
-                + (f", GEMV up to {GEMV_ROWS} rows" if m.gemv else ""))
+        name = ("oneDNN linear" + ("" if m.compute == m.dtype else " in fp32")
+                + (f", GEMV up to {GEMV_ROWS} rows" if m.gemv else
+                   "" if m.compute == m.dtype else ", F.linear for one row"))
         return name, m
     return "F.linear", lambda x: F.linear(x, weight)
 
