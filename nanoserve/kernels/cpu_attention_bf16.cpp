@@ -3,8 +3,9 @@
 // vdpbf16ps adds the products of 32 bf16 pairs into 16 fp32 lanes, exactly (a bf16 product fits
 // fp32), so the scores q.k read K straight from the cache, with no conversion to fp32 first; and
 // the weighted sum of V multiplies pairs of tokens' V rows by their probabilities rounded to bf16,
-// as SDPA's CPU flash kernel rounds them for bf16 inputs. Sums are fp32. On a 2-core AVX-512 EPYC
-// this cut the op's arithmetic by about 40% (cache-resident K/V; benchmarks/cpu_attention.py).
+// as SDPA's CPU flash kernel rounds them for bf16 inputs. Sums are fp32. On a 2-core AVX-512 EPYC,
+// with K/V resident in cache, a layer of 64 x 320 tokens took 0.58 ms instead of the generic path's
+// 0.98; over a real cache, 3.3x the torch reference's speed (benchmarks/cpu_attention.py).
 // Built only where the compiler targets those instructions (-march=native); elsewhere the entry
 // point returns false and cpu_attention.cpp's generic work items run.
 #include <ATen/Parallel.h>

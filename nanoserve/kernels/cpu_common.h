@@ -98,7 +98,7 @@ inline void prefetch_l2(const void* base, int64_t n, int64_t row_bytes, int64_t 
 // work item alone leaves memory idle while it computes (the softmax, the V pass out of L2), and
 // the hardware prefetcher cannot know which cache blocks come next. With this and the V rows
 // prefetched during the scores, the op took 4-25% less time on a 2-core AVX-512 EPYC (fp32 and
-// bf16, 1 to 64 sequences of 128 to 2048 tokens; benchmarks/cpu_attention.py).
+// bf16, the four shapes of benchmarks/cpu_attention.py, old and new op alternating call by call).
 struct NextItem {
   const int32_t* table = nullptr;  // its block table; nullptr: this thread has no next item
   int64_t L = 0, h0 = 0;           // its context length and first kv head

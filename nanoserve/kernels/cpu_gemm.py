@@ -11,7 +11,7 @@ bf16 batch 1 11.8 vs 7.8, batch 64 34.1 vs 27.0, batch 2048 795 vs 726.
 
 One and two rows go to a GEMV of our own instead (cpu_gemv.cpp, where the C++ ops build): each
 thread streams a contiguous range of the *dense* weight's rows in memory order, which on a 2-core
-AVX-512 EPYC read llama-120m's weights at 30 GB/s against oneDNN's 19-24 at one row (fp32 and
+AVX-512 EPYC read llama-120m's weights at 30-36 GB/s against oneDNN's 19-24 at one row (fp32 and
 bf16; benchmarks/cpu_linear.py). It needs the dense weight, so a layer then holds its weight
 twice, dense and packed: a model keeps the dense copies while its weights take at most an eighth
 of the machine's memory (`room_for_dense`), and runs one row on oneDNN above that.

@@ -47,13 +47,16 @@ void gemv_impl(const at::Tensor& y, const at::Tensor& x, const at::Tensor& weigh
   // x: (M, in) contiguous; weight: (out, in) contiguous; y: (M, out) contiguous; bias: (out,)
   const int64_t M = x.size(0), in = x.size(1), out = weight.size(0);
   const T* w = static_cast<const T*>(weight.const_data_ptr());
-  std::vector<float> xf(M * in), yf(std::is_same_v<T, float> ? 0 : M * out);
+  // fp32 x and sums in place; a bf16 x widened to fp32 once, its sums kept in fp32 until rounded
+  constexpr bool f32 = std::is_same_v<T, float>;
+  std::vector<float> xf(f32 ? 0 : M * in), yf(f32 ? 0 : M * out);
   const T* xp = static_cast<const T*>(x.const_data_ptr());
-  nanoserve::to_float(xp, xf.data(), M * in);
-  float* yp = std::is_same_v<T, float> ? static_cast<float*>(y.data_ptr()) : yf.data();
+  if constexpr (!f32) nanoserve::to_float(xp, xf.data(), M * in);
+  const float* xv = f32 ? reinterpret_cast<const float*>(xp) : xf.data();
+  float* yp = f32 ? static_cast<float*>(y.data_ptr()) : yf.data();
   // 64 rows a task at least: fewer cost more to hand to a thread than to compute
   at::parallel_for(0, out, 64, [&](int64_t r0, int64_t r1) {
-    (M == 1 ? rows<T, 1> : rows<T, 2>)(w, xf.data(), yp, r0, r1, in, out);
+    (M == 1 ? rows<T, 1> : rows<T, 2>)(w, xv, yp, r0, r1, in, out);
   });
   T* yo = static_cast<T*>(y.data_ptr());
   const T* b = bias ? static_cast<const T*>(bias->const_data_ptr()) : nullptr;

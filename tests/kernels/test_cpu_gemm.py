@@ -153,7 +153,9 @@ def test_the_gemv_refuses_what_it_cannot_take():
     w, y = torch.randn(8, 64), torch.empty(3, 8)
     with pytest.raises(RuntimeError, match="1 or 2"):
         torch.ops.nanoserve_cpu.gemv(y, torch.randn(3, 64), w, None)
-    with pytest.raises(RuntimeError, match="in % 32"):
+    with pytest.raises(RuntimeError, match="in % 32"):  # 48 inputs
+        torch.ops.nanoserve_cpu.gemv(y[:1], torch.randn(1, 48), torch.randn(8, 48), None)
+    with pytest.raises(RuntimeError, match="in x's dtype"):
         torch.ops.nanoserve_cpu.gemv(y[:1], torch.randn(1, 64), w.bfloat16(), None)
     with pytest.raises(RuntimeError, match="bias"):
         torch.ops.nanoserve_cpu.gemv(y[:1], torch.randn(1, 64), w, torch.randn(9))
