@@ -13,7 +13,23 @@ from __future__ import annotations
 import torch
 
 from nanoserve.engine.executor import RequestFailed
+from nanoserve.kernels import cpu_build, kernel_backend
 from nanoserve.sampling_params import SamplingParams
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits (N, vocab) -> (N,) int64, torch.argmax(-1)'s result (the first maximum; a NaN wins).
+
+    On a CPU with the C++ kernels chosen (kernels.kernel_backend), fp32 rows go to the op of
+    cpu_argmax.cpp: torch's argmax took 0.9-1.6 ms over a batch of 64 x 32000 on a 2-core EPYC,
+    1-2% of a decode step and about 20 times its amax; the op, 0.1 ms."""
+    if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.shape[1] > 0 and logits.is_contiguous() and kernel_backend(logits.device) == "cpu"
+            and cpu_build.available()):
+        out = torch.empty(logits.shape[0], dtype=torch.long)
+        torch.ops.nanoserve_cpu.argmax(out, logits)
+        return out
+    return logits.argmax(-1)
 
 
 class Sampler:
@@ -29,7 +45,7 @@ class Sampler:
                  request_ids: list[str]) -> list[int]:
         """logits: (N, vocab) fp32, one row per sampling request. -> N token ids. Raises
         RequestFailed naming the requests whose draw failed, with the others' tokens."""
-        tokens = logits.argmax(-1).tolist()  # greedy rows keep these
+        tokens = argmax(logits).tolist()  # greedy rows keep these
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if not rows:
             return tokens

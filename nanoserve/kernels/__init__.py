@@ -1,10 +1,10 @@
 """The kernels: one dispatch point between the torch reference and Triton, and the plug points.
 
-`get_ops(device)` returns a namespace of the four kernels a decoder layer calls, rms_norm,
-rotary_embedding, reshape_and_cache and paged_attention, with identical signatures: Triton on
-CUDA when triton is installed (it is Linux-only); on a CPU the four in C++ (cpu_attention.py,
-cpu_layer_ops.py: each the reference's arithmetic in one call) where those ops build
-(cpu_build.py); the torch reference elsewhere.
+`get_ops(device)` returns a namespace of the five kernels a decoder layer calls, rms_norm,
+rotary_embedding, reshape_and_cache, paged_attention and silu_and_mul (the MLP's activation),
+with identical signatures: Triton on CUDA when triton is installed (it is Linux-only); on a CPU
+the five in C++ (cpu_attention.py, cpu_layer_ops.py: each the reference's arithmetic in one
+call) where those ops build (cpu_build.py); the torch reference elsewhere.
 `NANOSERVE_KERNELS=reference|cpu|triton` overrides (triton on a CPU needs TRITON_INTERPRET=1 set
 before the first import, and is very slow).
 
@@ -26,7 +26,7 @@ from nanoserve.kernels import cpu_attention, cpu_build, cpu_layer_ops, reference
 from nanoserve.kernels.metadata import AttentionMetadata
 
 BACKENDS = ("reference", "cpu", "triton")
-KERNEL_NAMES = ("rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention")
+KERNEL_NAMES = ("rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention", "silu_and_mul")
 
 __all__ = ["AttentionMetadata", "BACKENDS", "KERNEL_NAMES", "get_ops", "kernel_backend",
            "kernel_ops", "use_kernels"]
@@ -54,19 +54,21 @@ def get_ops(device):
             raise RuntimeError(f"NANOSERVE_KERNELS=cpu: {cpu_build.unavailable_reason()}")
         return kernel_ops(reference, paged_attention=cpu_attention.paged_attention,
                           rms_norm=cpu_layer_ops.rms_norm, rotary_embedding=cpu_layer_ops.rotary_embedding,
-                          reshape_and_cache=cpu_layer_ops.reshape_and_cache)
+                          reshape_and_cache=cpu_layer_ops.reshape_and_cache,
+                          silu_and_mul=cpu_layer_ops.silu_and_mul)
     return reference
 
 
 def kernel_ops(base=None, **overrides) -> SimpleNamespace:
-    """A kernel namespace: `base`'s four kernels (default: the torch reference), some replaced.
+    """A kernel namespace: `base`'s kernels (default: the torch reference), some replaced.
 
-    kernel_ops(paged_attention=f).paged_attention is f; the other three are the reference's.
+    kernel_ops(paged_attention=f).paged_attention is f; the others are the reference's. A base
+    without one of KERNEL_NAMES (a namespace from before silu_and_mul) gets the reference's.
     """
     bad = sorted(set(overrides) - set(KERNEL_NAMES))
     if bad:
         raise ValueError(f"unknown kernel name(s) {bad}; a kernel namespace has {list(KERNEL_NAMES)}")
-    ops = {name: getattr(base or reference, name) for name in KERNEL_NAMES}
+    ops = {name: getattr(base or reference, name, getattr(reference, name)) for name in KERNEL_NAMES}
     ops.update(overrides)
     return SimpleNamespace(**ops)
 

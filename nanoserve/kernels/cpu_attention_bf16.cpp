@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "cpu_common.h"
@@ -44,8 +43,9 @@ inline __m512bh load_bh(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512
 
 // One work item, as cpu_attention.cpp's attend: a sequence's kv heads [h0, h0 + nh) and their
 // nh * group query heads (q: their rows, bf16, unscaled). Rows are hd = 32 * NZ values (NZ > 0
-// fixes it at compile time). Leaves in out each head's unnormalised sum of V in fp32 and, past the
-// nq * hd of those, 1/sum of each head's softmax.
+// fixes it at compile time). Leaves in out each head's unnormalised sum of V in fp32, in the V
+// pass's interleaved order (store_rows puts it back) and, past the nq * hd of those, 1/sum of each
+// head's softmax.
 template <int NZ>
 void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const uint16_t* v_cache,
                  const int32_t* table, int64_t L, int64_t h0, int64_t nh, int64_t group, int64_t nz_runtime,
@@ -116,13 +116,25 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
       for (int64_t c = 0; c < 2 * nz; ++c) _mm512_storeu_ps(out + j * hd + 16 * c, acc[c]);
     }
   }
-  // back from the interleaved order: vector c = 2i + s, lane l holds dim 32i + 8(l/4) + 4s + l%4
-  float tmp[32 * 8];
+}
+
+// A work item's output rows: out's sums of V (interleaved as the V pass leaves them: vector
+// c = 2i + s, lane l holds dim 32i + 8(l/4) + 4s + l%4) times 1/sum, as bf16 in dim order
+void store_rows(const float* out, int64_t nq, int64_t hd, c10::BFloat16* o) {
+  const float* inv = out + nq * hd;
+  // 128-bit chunks of vectors 2i, 2i+1 in the order a0 b0 a1 b1, and a2 b2 a3 b3
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int64_t j = 0; j < nq; ++j) {
-    float* o = out + j * hd;
-    for (int64_t c = 0; c < 2 * nz; ++c)
-      for (int l = 0; l < 16; ++l) tmp[32 * (c / 2) + 8 * (l / 4) + 4 * (c % 2) + l % 4] = o[16 * c + l];
-    std::memcpy(o, tmp, hd * sizeof(float));
+    const __m512 scale = _mm512_set1_ps(inv[j]);
+    for (int64_t i = 0; i < hd / 32; ++i) {
+      const __m512 a = _mm512_loadu_ps(out + j * hd + 32 * i), b = _mm512_loadu_ps(out + j * hd + 32 * i + 16);
+      const __m512 first = _mm512_permutex2var_ps(a, lo, b), second = _mm512_permutex2var_ps(a, hi, b);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + j * hd + 32 * i),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(first, scale)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + j * hd + 32 * i + 16),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(second, scale)));
+    }
   }
 }
 
@@ -157,9 +169,7 @@ bool decode_attention_bf16_dot(const at::Tensor& q, const at::Tensor& out, const
           tables + d * block_tables.stride(0), lens[d], h0, nh, group, hd / 32, block_size,
           k_cache.stride(0), k_cache.stride(1), scores.data(), probs.data(), acc.data(), pairs_buf.data(),
           nanoserve::NextItem::at(item + 1, end, per_seq, nh, tables, block_tables.stride(0), lens));
-      c10::BFloat16* o = reinterpret_cast<c10::BFloat16*>(op) + (d * H + h0 * group) * hd;
-      for (int64_t j = 0; j < nq; ++j)
-        for (int64_t x = 0; x < hd; ++x) o[j * hd + x] = static_cast<c10::BFloat16>(acc[j * hd + x] * acc[nq * hd + j]);
+      store_rows(acc.data(), nq, hd, reinterpret_cast<c10::BFloat16*>(op) + (d * H + h0 * group) * hd);
     }
   });
   return true;

@@ -2,8 +2,9 @@
 
 The sources: paged decode attention (cpu_attention.cpp, and cpu_attention_bf16.cpp for a bf16
 cache on a CPU with AVX512-BF16; called by cpu_attention.py), a decoder layer's small ops,
-RMSNorm, RoPE and the K/V cache write (cpu_layer_ops.cpp, called by cpu_layer_ops.py), and the
-GEMV of one- and two-row linears (cpu_gemv.cpp, called by cpu_gemm.py); cpu_common.h has the
+RMSNorm, RoPE, the K/V cache write and the MLP's SiLU-and-mul (cpu_layer_ops.cpp, called by
+cpu_layer_ops.py), the GEMV of one- and two-row linears (cpu_gemv.cpp, called by cpu_gemm.py),
+and greedy sampling's argmax (cpu_argmax.cpp, called by engine/sampler.py); cpu_common.h has the
 helpers they share.
 They are built on first use with the machine's C++ compiler against the installed torch's
 headers, into one library in a cache folder keyed by the sources, torch, compiler and CPU, so
@@ -30,7 +31,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name) for name in
-           ("cpu_attention.cpp", "cpu_attention_bf16.cpp", "cpu_layer_ops.cpp", "cpu_gemv.cpp")]
+           ("cpu_attention.cpp", "cpu_attention_bf16.cpp", "cpu_layer_ops.cpp", "cpu_gemv.cpp",
+            "cpu_argmax.cpp")]
 HEADERS = [os.path.join(HERE, "cpu_common.h")]
 _why_not: list[str] = []
 

@@ -50,19 +50,22 @@ inline vf8 load8(const c10::BFloat16* p) {  // eight bf16 widened to fp32 (exact
 
 inline float sum8(vf8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
-// e^x for x <= 0, eight at a time: the Cephes library's expf (S. Moshier), 2^n * e^r with
-// |r| <= ln2/2 and a degree-6 polynomial, about 1 ulp; std::exp would be a call per element
-inline vf8 exp_nonpositive(vf8 x) {
+// e^x for x <= 0, a vector of floats at a time (vf8, or wider): the Cephes library's expf
+// (S. Moshier), 2^n * e^r with |r| <= ln2/2 and a degree-6 polynomial, about 1 ulp; std::exp would
+// be a call per element
+template <typename V>
+inline V exp_nonpositive(V x) {
+  typedef int32_t VI __attribute__((vector_size(sizeof(V))));
   x = x < -87.0f ? -87.0f : x;  // below this e^x is 0 to a softmax; 2^n stays a normal float
-  const vi8 ni = __builtin_convertvector(x * 1.44269504f - 0.5f, vi8);  // round(x / ln2), x <= 0
-  const vf8 n = __builtin_convertvector(ni, vf8);
-  const vf8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  vf8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  const VI ni = __builtin_convertvector(x * 1.44269504f - 0.5f, VI);  // round(x / ln2), x <= 0
+  const V n = __builtin_convertvector(ni, V);
+  const V r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  return (p * r * r + r + 1.0f) * (vf8)((ni + 127) << 23);  // * 2^n, built in the exponent bits
+  return (p * r * r + r + 1.0f) * (V)((ni + 127) << 23);  // * 2^n, built in the exponent bits
 }
 
 // Softmax numerators of nq score rows in place (L scores each, rows Ls >= L apart, Ls a multiple

@@ -1,5 +1,6 @@
-// A decoder layer's small ops on a CPU: RMSNorm (with the residual add fused), RoPE, and the
-// write of new K/V into the paged cache. In kernels/reference.py each is a handful of torch ops,
+// A decoder layer's small ops on a CPU: RMSNorm (with the residual add fused), RoPE, the write
+// of new K/V into the paged cache, and the MLP's SiLU-and-multiply. In kernels/reference.py each
+// is one to six torch ops,
 // and at decode sizes (a row of 768 values) each torch op costs more in dispatch than in
 // arithmetic; here each is one call and one pass over its rows. The arithmetic and its rounding
 // follow the reference (which follows HF), but the compiler may fuse a multiply and an add into
@@ -14,6 +15,8 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+
+#include "cpu_common.h"
 
 namespace {
 
@@ -161,6 +164,131 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, const at::Tenso
   }
 }
 
+// Sixteen floats as one value: AVX-512 where the CPU has it, two AVX2 (or four SSE/NEON) halves
+// elsewhere; the SiLU's exp and divide are most of its time, and a wider vector halves their count
+typedef float vf16 __attribute__((vector_size(64)));
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+typedef uint16_t vh16 __attribute__((vector_size(32)));
+
+// Sixteen values of a T row as fp32, and back rounded to nearest even
+template <typename T>
+inline vf16 load16(const T* p) {
+  vf16 v;
+  for (int k = 0; k < 16; ++k) v[k] = static_cast<float>(p[k]);
+  return v;
+}
+
+template <typename T>
+inline void store16(T* p, vf16 v) {
+  for (int k = 0; k < 16; ++k) p[k] = static_cast<T>(v[k]);
+}
+
+template <>
+inline vf16 load16(const float* p) {
+  vf16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <>
+inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
+
+template <>
+inline vf16 load16(const c10::BFloat16* p) {  // bf16 is fp32's top half: exact
+  vh16 h;
+  std::memcpy(&h, p, sizeof h);
+  const vu16 u = __builtin_convertvector(h, vu16) << 16;
+  vf16 v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+// v rounded to bf16 (to nearest even, on the bits, as c10::BFloat16 rounds; NaN stays NaN), as
+// fp32 bits: the low half is zero
+inline vu16 bf16_bits(vf16 v) {
+  vu16 u;
+  std::memcpy(&u, &v, sizeof u);
+  const vu16 nan = (u & 0x7fffffffu) > 0x7f800000u;  // all ones where v is NaN
+  return (nan & 0x7fc00000u) | (~nan & ((u + (((u >> 16) & 1) + 0x7fffu)) & 0xffff0000u));
+}
+
+template <>
+inline void store16(c10::BFloat16* p, vf16 v) {
+  const vh16 h = __builtin_convertvector(bf16_bits(v) >> 16, vh16);
+  std::memcpy(p, &h, sizeof h);
+}
+
+// v as a T holds it: rounded to T, back in fp32
+template <typename T>
+inline vf16 rounded(vf16 v) {
+  T t[16];
+  store16(t, v);
+  return load16(static_cast<const T*>(t));
+}
+
+template <>
+inline vf16 rounded<float>(vf16 v) { return v; }
+
+template <>
+inline vf16 rounded<c10::BFloat16>(vf16 v) {
+  const vu16 u = bf16_bits(v);
+  vf16 r;
+  std::memcpy(&r, &u, sizeof r);
+  return r;
+}
+
+// silu(gate) * up in the reference's rounding: silu's result rounded to the dtype, then the
+// product. silu(g) = g / (1 + e^-g), with e^-g = 1 / e^g for g < 0 (exp_nonpositive takes x <= 0
+// only). Below g = -87, where exp_nonpositive stops, the result is -0 (torch's reaches -0 at
+// -88.7, and is under 1e-36 between); elsewhere the fp32 quotient may differ from torch's in its
+// last bit.
+template <typename T>
+void silu_and_mul_impl(const at::Tensor& out, const at::Tensor& x) {
+  // x: (rows, 2 * d) contiguous, each row [gate | up]; out: (rows, d) contiguous
+  const int64_t d = out.size(-1), rows = out.numel() / d;
+  const T* xp = static_cast<const T*>(x.const_data_ptr());
+  T* op = static_cast<T*>(out.data_ptr());
+  const int64_t grain = std::max<int64_t>(1, kMinValuesPerThread / d);  // rows
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gate = xp + r * 2 * d;
+      const T* up = gate + d;
+      T* o = op + r * d;
+      auto sixteen = [](const T* g16, const T* u16, T* o16) {
+        const vf16 g = load16(g16);
+        const vf16 e = nanoserve::exp_nonpositive(g < 0 ? g : -g);  // e^-|g|
+        vf16 silu = (g < 0 ? g * e : g) / (1.0f + e);  // g / (1 + 1/e) = g e / (1 + e) for g < 0
+        silu = g < -87.0f ? g * 0.0f : silu;  // -0 where e^-|g| stops at e^-87
+        store16(o16, rounded<T>(silu) * load16(u16));
+      };
+      int64_t i = 0;
+      for (; i + 16 <= d; i += 16) sixteen(gate + i, up + i, o + i);
+      if (i < d) {  // the tail, through zero-padded copies (a size known at compile time stays in registers)
+        T g16[16] = {}, u16[16] = {}, o16[16];
+        std::copy(gate + i, gate + d, g16);
+        std::copy(up + i, up + d, u16);
+        sixteen(g16, u16, o16);
+        std::copy(o16, o16 + (d - i), o + i);
+      }
+    }
+  });
+}
+
+void silu_and_mul(const at::Tensor& out, const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.dim() >= 1 && x.size(-1) % 2 == 0,
+              "silu_and_mul: x must be a contiguous CPU tensor (..., 2 * d)");
+  TORCH_CHECK(out.is_contiguous() && out.dim() == x.dim() && out.scalar_type() == x.scalar_type() &&
+              out.size(-1) * 2 == x.size(-1) && out.numel() * 2 == x.numel(),
+              "silu_and_mul: out must be a contiguous (..., d) tensor in x's dtype");
+  if (out.numel() == 0) return;
+  switch (x.scalar_type()) {
+    case at::kFloat: return silu_and_mul_impl<float>(out, x);
+    case at::kBFloat16: return silu_and_mul_impl<c10::BFloat16>(out, x);
+    case at::kHalf: return silu_and_mul_impl<c10::Half>(out, x);
+    default: TORCH_CHECK(false, "silu_and_mul: unsupported dtype ", x.scalar_type());
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(nanoserve_cpu, m) {
@@ -170,4 +298,5 @@ TORCH_LIBRARY_FRAGMENT(nanoserve_cpu, m) {
         &rotary_embedding);
   m.def("reshape_and_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor slot_mapping) -> ()", &reshape_and_cache);
+  m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()", &silu_and_mul);
 }

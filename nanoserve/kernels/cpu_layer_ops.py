@@ -1,4 +1,4 @@
-"""A decoder layer's small ops in C++ for CPUs: RMSNorm, RoPE and the K/V cache write.
+"""A decoder layer's small ops in C++ for CPUs: RMSNorm, RoPE, the K/V cache write, SiLU-and-mul.
 
 At decode sizes a row is a few hundred values, and each of the reference's torch ops (RMSNorm
 is six: add, square, mean, rsqrt, two multiplies) costs more in dispatch than in arithmetic.
@@ -51,3 +51,12 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
         return reference.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
     torch.ops.nanoserve_cpu.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping.long().contiguous())
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """reference.silu_and_mul: x (..., 2 * d) = [gate | up] -> silu(gate) * up, (..., d)."""
+    if x.dtype not in DTYPES or not x.is_contiguous() or x.dim() == 0 or x.shape[-1] % 2:
+        return reference.silu_and_mul(x)
+    out = torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype)
+    torch.ops.nanoserve_cpu.silu_and_mul(out, x)
+    return out

@@ -30,6 +30,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return out if residual is None else (out, residual)
 
 
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """The MLP's activation (vLLM's SiluAndMul): x (..., 2 * d) = [gate | up] -> (..., d).
+
+    silu(gate) * up as HF's Llama MLP computes it: two torch ops, each rounded to x's dtype.
+    """
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                      cos_sin_cache: torch.Tensor):
     """Rotate q and k by their positions (neox/Llama layout: halves, not interleaved), in place.

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from nanoserve.kernels.triton_attention import paged_attention
 
-__all__ = ["rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention"]
+__all__ = ["rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention", "silu_and_mul"]
 
 
 # One program instance = one row of `hidden` values; tile (BLOCK,), BLOCK = next pow2 >= hidden.
@@ -137,3 +137,27 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.shape[1],
             num_kv_heads, head_dim,
             BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim))
+
+
+# One program instance = BLOCK values of one row: gate and up are the row's two halves.
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, d, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    gate = tl.load(x_ptr + row * 2 * d + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * 2 * d + d + cols, mask=mask, other=0.0).to(tl.float32)
+    # rounded to the dtype before the product, as torch's silu rounds its result
+    silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * d + cols, silu * up, mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x (..., 2 * d) = [gate | up] -> silu(gate) * up, (..., d) in x's dtype."""
+    d = x.shape[-1] // 2
+    x2 = x.reshape(-1, 2 * d).contiguous()  # (rows, 2d)
+    out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+    BLOCK = min(1024, triton.next_power_of_2(d))
+    if x2.shape[0] > 0 and d > 0:
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, BLOCK))](x2, out, d, BLOCK=BLOCK)
+    return out

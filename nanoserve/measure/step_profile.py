@@ -5,9 +5,9 @@ context_len tokens of context (or, with prefill=True, one step prefilling batch_
 context_len tokens) and splits each step's wall time into
 - linear: every weight matmul (q/k/v, o, gate/up, down) and the lm_head,
 - attention: `paged_attention` (gathering K/V out of the paged cache, then softmax(QK^T)V),
-- norm, rope, cache write: the other three kernels of the kernel namespace,
-- other: the rest (SiLU*up, residual adds, embedding, sampling, batch preparation, scheduling,
-  Python and op dispatch).
+- norm, rope, cache write: three more kernels of the kernel namespace,
+- other: the rest (the MLP's silu_and_mul, residual adds, embedding, sampling, batch
+  preparation, scheduling, Python and op dispatch).
 Timing wraps the model's Linear modules and kernels with wall-clock timers (adding a few
 microseconds per call), so it holds only where ops run synchronously: the CPU. On a GPU the split
 would time kernel launches, not kernels. Prompts are fresh random tokens: no prefix-cache hits.
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from nanoserve.engine import LLM, LLMEngine
-from nanoserve.kernels import KERNEL_NAMES, kernel_ops
+from nanoserve.kernels import kernel_ops
 from nanoserve.kernels.cpu_gemm import PackedLinear
 from nanoserve.sampling_params import SamplingParams
 
@@ -101,8 +101,8 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
             engine.step()  # untimed: bring every sequence to decoding
         hooks = [h for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))
                  for h in (m.register_forward_pre_hook(start), m.register_forward_hook(stop))]
-        model.set_ops(kernel_ops(old_ops, **{k: timed(getattr(old_ops, k), _KERNEL_PART[k])
-                                             for k in KERNEL_NAMES}))
+        model.set_ops(kernel_ops(old_ops, **{k: timed(getattr(old_ops, k), part)
+                                             for k, part in _KERNEL_PART.items()}))
         model.compute_logits = timed(model.compute_logits, "linear")  # the lm_head
         t = time.perf_counter()
         for _ in range(1 if prefill else steps):

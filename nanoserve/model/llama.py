@@ -80,14 +80,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops):
         super().__init__()
+        self.ops = ops
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, intermediate) each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))  # (T, 2 * intermediate)
 
 
 class DecoderLayer(nn.Module):
@@ -95,7 +95,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.ops, self.eps = ops, cfg.rms_norm_eps
         self.self_attn = Attention(cfg, ops)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, ops)
         self.input_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
 

@@ -123,3 +123,37 @@ def test_cache_write_matches_the_reference(dtype):
     assert caches[0].flatten(0, 1)[19].equal(k[2]) and caches[0].abs().sum() > 0
     with pytest.raises(RuntimeError, match="slot 20"):
         cpu_layer_ops.reshape_and_cache(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 4, 5, 20]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 70), d=st.sampled_from([1, 15, 16, 17, 100, 2048]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       scale=st.sampled_from([1e-3, 1.0, 30.0]), seed=st.integers(0, 99))
+def test_silu_and_mul_matches_the_reference(rows, d, dtype, scale, seed):
+    """Row widths off the 16-value vector (the zero-padded tail), rows split over threads."""
+    x = (scale * torch.randn(rows, 2 * d, generator=torch.Generator().manual_seed(seed))).to(dtype)
+    got, want = cpu_layer_ops.silu_and_mul(x), reference.silu_and_mul(x)
+    assert got.shape == (rows, d) and got.dtype == dtype
+    assert close(got, want, dtype)
+
+
+def test_silu_and_mul_rounds_as_the_reference():
+    """bf16: silu rounded to bf16 before the product, every value equal. Edges: 0, a gate far
+    below -87 (-0, as torch's), inf, NaN."""
+    x = (4 * torch.randn(64, 2 * 2048, generator=torch.Generator().manual_seed(1))).bfloat16()
+    assert torch.equal(cpu_layer_ops.silu_and_mul(x), reference.silu_and_mul(x))
+    g = torch.tensor([[0.0, -1e30, 2.0, float("inf"), float("nan"), -3.0, 1.0, 1.0]])
+    edge = torch.cat((g, torch.ones_like(g)), -1)
+    got, want = cpu_layer_ops.silu_and_mul(edge), reference.silu_and_mul(edge)
+    assert torch.equal(got[:, :4], want[:, :4]) and torch.equal(got[:, 5:], want[:, 5:])
+    assert got[0, 1] == 0 and got[0, 1].signbit() and got[0, 3] == float("inf") and got[0, 4].isnan()
+
+
+def test_silu_and_mul_of_three_dims_and_what_it_does_not_take():
+    x = torch.randn(2, 3, 32)
+    assert cpu_layer_ops.silu_and_mul(x).shape == (2, 3, 16)
+    assert close(cpu_layer_ops.silu_and_mul(x), reference.silu_and_mul(x), torch.float32)
+    strided = torch.randn(4, 64)[:, ::2]  # not contiguous: the reference takes it
+    assert torch.equal(cpu_layer_ops.silu_and_mul(strided), reference.silu_and_mul(strided))
+    with pytest.raises(RuntimeError, match="out must be"):
+        torch.ops.nanoserve_cpu.silu_and_mul(torch.empty(2, 8), torch.randn(2, 32))

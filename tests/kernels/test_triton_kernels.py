@@ -53,6 +53,18 @@ def test_rms_norm_of_a_constant_vector_is_the_weight(triton_ops, device, poisone
     assert torch.equal(out, weight.expand(3, 24))  # 2 / sqrt(mean(2^2)) == 1 exactly
 
 
+# ---------------------------------------------------------------- silu_and_mul
+
+@pytest.mark.parametrize("shape", [(1, 2 * 16), (5, 2 * 40), (2, 3, 2 * 1100)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_silu_and_mul_matches_reference(triton_ops, device, poisoned, shape, dtype):
+    """1100 values a row: two program instances across it, the second partly masked."""
+    x = (3 * torch.randn(shape, device=device)).to(dtype)
+    got = triton_ops.silu_and_mul(x)
+    assert got.shape == (*shape[:-1], shape[-1] // 2)
+    torch.testing.assert_close(got, reference.silu_and_mul(x), **TOL[dtype])
+
+
 # ---------------------------------------------------------------- rotary_embedding
 
 def cos_sin_cache(max_pos: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
