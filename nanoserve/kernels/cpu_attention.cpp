@@ -59,7 +59,7 @@ template <typename T, int NV>
 void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* table, int64_t L,
             int64_t h0, int64_t nh, int64_t group, int64_t nv_runtime, int64_t block_size,
             int64_t block_stride, int64_t token_stride, float* scores, float* out, float* buf,
-            const nanoserve::NextItem& next) {
+            nanoserve::PrefetchQueue& pq) {
   const int64_t nv = NV > 0 ? NV : nv_runtime, hd = 8 * nv, nq = nh * group;
   const int64_t blocks = (L + block_size - 1) / block_size, Ls = (L + 7) / 8 * 8;  // a score row
   // rows of block b for heads h0.. as fp32, `stride` apart: in place for an fp32 cache, else
@@ -84,10 +84,8 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
       visit(b, n, rows, stride);
     }
   };
+  pq.spread_over(2 * nq * L);  // a unit: a key's score, or a value row's add, for one query head
   each_block(k_cache, [&](int64_t b, int64_t n, const float* k, int64_t stride) {  // scores: (nq, L)
-    // this block's V rows into L2 while its scores are computed: memory stays busy
-    nanoserve::prefetch_l2(v_cache + table[b] * block_stride + h0 * hd, n, nh * hd * sizeof(T),
-                           token_stride * sizeof(T));
     for (int64_t j = 0; j < nq; ++j) {
       vf8 q[NV > 0 ? NV : 16];
       for (int64_t i = 0; i < nv; ++i) q[i] = load8(qf + j * hd + 8 * i);
@@ -100,29 +98,29 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
           for (int t = 0; t < 8; ++t) acc[t] += q[i] * load8(kj + (o + t) * stride + 8 * i);
         const vf8 r = sum8x8(acc);
         std::memcpy(s + o, &r, sizeof r);
+        pq.done(8);
       }
       for (; o < n; ++o) {
         const float* row = kj + o * stride;
         vf8 a0 = q[0] * load8(row), a1 = {};  // two chains of multiply-adds, not one
         for (int64_t i = 1; i < nv; ++i) (i % 2 ? a1 : a0) += q[i] * load8(row + 8 * i);
         s[o] = sum8(a0 + a1);
+        pq.done(1);
       }
     }
   });
   nanoserve::softmax_rows(scores, nq, L, Ls, out + nq * hd);  // out: nq * hd outputs, then 1/sums
   std::fill(out, out + nq * hd, 0.f);
   each_block(v_cache, [&](int64_t b, int64_t n, const float* v, int64_t stride) {
-    for (auto [nb, last] = next.key_blocks(b, blocks, block_size); nb < last; ++nb)
-      nanoserve::prefetch_l2(k_cache + next.table[nb] * block_stride + next.h0 * hd,
-                             std::min(block_size, next.L - nb * block_size), nh * hd * sizeof(T),
-                             token_stride * sizeof(T));
     for (int64_t j = 0; j < nq; ++j) {
       vf8 acc[NV > 0 ? NV : 16];
       for (int64_t i = 0; i < nv; ++i) acc[i] = load8(out + j * hd + 8 * i);
       const float* vj = v + (j / group) * hd;
       const float* p = scores + j * Ls + b * block_size;
-      for (int64_t o = 0; o < n; ++o)
+      for (int64_t o = 0; o < n; ++o) {
         for (int64_t i = 0; i < nv; ++i) acc[i] += p[o] * load8(vj + o * stride + 8 * i);
+        pq.done(1);
+      }
       for (int64_t i = 0; i < nv; ++i) std::memcpy(out + j * hd + 8 * i, &acc[i], sizeof(vf8));
     }
   });
@@ -165,17 +163,22 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& out, const at:
       return;
   auto run = hd == 64 ? attend<T, 8> : hd == 128 ? attend<T, 16> : attend<T, 0>;
 
+  const nanoserve::PagedItems items{
+      static_cast<const char*>(k_cache.const_data_ptr()), static_cast<const char*>(v_cache.const_data_ptr()),
+      k_cache.stride(0) * k_cache.element_size(), k_cache.stride(1) * k_cache.element_size(),
+      hd * k_cache.element_size(), block_size, per_seq, nh, tables, block_tables.stride(0), lens};
   at::parallel_for(0, D * per_seq, 1, [&](int64_t begin, int64_t end) {
     const int64_t nq = nh * group;
     std::vector<float> qf(nq * hd), acc(nq * hd + nq), buf(block_size * nh * hd);
     std::vector<float> scores(nq * ((max_len + 7) / 8 * 8));  // rows padded to whole vectors
+    nanoserve::PrefetchQueue pq;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t d = item / per_seq, h0 = (item % per_seq) * nh;
       to_float(qp + d * q.stride(0) + h0 * group * hd, qf.data(), nq * hd);
       for (float& x : qf) x *= static_cast<float>(scale);
+      items.queue(pq, item, end);
       run(qf.data(), kp, vp, tables + d * block_tables.stride(0), lens[d], h0, nh, group, hd / 8,
-          block_size, k_cache.stride(0), k_cache.stride(1), scores.data(), acc.data(), buf.data(),
-          nanoserve::NextItem::at(item + 1, end, per_seq, nh, tables, block_tables.stride(0), lens));
+          block_size, k_cache.stride(0), k_cache.stride(1), scores.data(), acc.data(), buf.data(), pq);
       T* o = op + (d * H + h0 * group) * hd;
       for (int64_t j = 0; j < nq; ++j)
         for (int64_t x = 0; x < hd; ++x) o[j * hd + x] = static_cast<T>(acc[j * hd + x] * acc[nq * hd + j]);
