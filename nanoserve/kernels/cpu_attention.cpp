@@ -4,7 +4,7 @@
 // A work item is a sequence (or, when there are too few sequences to keep every thread busy,
 // one kv head of a sequence). Its query heads read each K row and each V row once, from DRAM,
 // and nothing is written but the output; while it computes, its V rows and the next item's K rows
-// are prefetched. Scores, softmax and the weighted sum of V run in fp32 whatever the cache's dtype
+// are prefetched, a few lines at a time between its arithmetic (PrefetchQueue in cpu_common.h). Scores, softmax and the weighted sum of V run in fp32 whatever the cache's dtype
 // (fp32, bf16, fp16; a bf16 cache on a CPU with AVX512-BF16 goes to cpu_attention_bf16.cpp). Work
 // items are spread over torch's own OpenMP threads (at::parallel_for), so the process keeps one
 // thread team.
@@ -59,7 +59,7 @@ template <typename T, int NV>
 void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* table, int64_t L,
             int64_t h0, int64_t nh, int64_t group, int64_t nv_runtime, int64_t block_size,
             int64_t block_stride, int64_t token_stride, float* scores, float* out, float* buf,
-            nanoserve::PrefetchQueue& pq) {
+            nanoserve::BlockStream& stream) {
   const int64_t nv = NV > 0 ? NV : nv_runtime, hd = 8 * nv, nq = nh * group;
   const int64_t blocks = (L + block_size - 1) / block_size, Ls = (L + 7) / 8 * 8;  // a score row
   // rows of block b for heads h0.. as fp32, `stride` apart: in place for an fp32 cache, else
@@ -84,8 +84,9 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
       visit(b, n, rows, stride);
     }
   };
-  pq.spread_over(2 * nq * L);  // a unit: a key's score, or a value row's add, for one query head
+  // a unit of work: a key's score, or a value row's add, for one query head
   each_block(k_cache, [&](int64_t b, int64_t n, const float* k, int64_t stride) {  // scores: (nq, L)
+    stream.at(b, nq * n);
     for (int64_t j = 0; j < nq; ++j) {
       vf8 q[NV > 0 ? NV : 16];
       for (int64_t i = 0; i < nv; ++i) q[i] = load8(qf + j * hd + 8 * i);
@@ -98,20 +99,21 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
           for (int t = 0; t < 8; ++t) acc[t] += q[i] * load8(kj + (o + t) * stride + 8 * i);
         const vf8 r = sum8x8(acc);
         std::memcpy(s + o, &r, sizeof r);
-        pq.done(8);
+        stream.done(8);
       }
       for (; o < n; ++o) {
         const float* row = kj + o * stride;
         vf8 a0 = q[0] * load8(row), a1 = {};  // two chains of multiply-adds, not one
         for (int64_t i = 1; i < nv; ++i) (i % 2 ? a1 : a0) += q[i] * load8(row + 8 * i);
         s[o] = sum8(a0 + a1);
-        pq.done(1);
+        stream.done(1);
       }
     }
   });
   nanoserve::softmax_rows(scores, nq, L, Ls, out + nq * hd);  // out: nq * hd outputs, then 1/sums
   std::fill(out, out + nq * hd, 0.f);
   each_block(v_cache, [&](int64_t b, int64_t n, const float* v, int64_t stride) {
+    stream.at(blocks + b, nq * n);
     for (int64_t j = 0; j < nq; ++j) {
       vf8 acc[NV > 0 ? NV : 16];
       for (int64_t i = 0; i < nv; ++i) acc[i] = load8(out + j * hd + 8 * i);
@@ -119,7 +121,7 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
       const float* p = scores + j * Ls + b * block_size;
       for (int64_t o = 0; o < n; ++o) {
         for (int64_t i = 0; i < nv; ++i) acc[i] += p[o] * load8(vj + o * stride + 8 * i);
-        pq.done(1);
+        stream.done(1);
       }
       for (int64_t i = 0; i < nv; ++i) std::memcpy(out + j * hd + 8 * i, &acc[i], sizeof(vf8));
     }
@@ -171,14 +173,14 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& out, const at:
     const int64_t nq = nh * group;
     std::vector<float> qf(nq * hd), acc(nq * hd + nq), buf(block_size * nh * hd);
     std::vector<float> scores(nq * ((max_len + 7) / 8 * 8));  // rows padded to whole vectors
-    nanoserve::PrefetchQueue pq;
+    nanoserve::BlockStream stream(items, end);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t d = item / per_seq, h0 = (item % per_seq) * nh;
       to_float(qp + d * q.stride(0) + h0 * group * hd, qf.data(), nq * hd);
       for (float& x : qf) x *= static_cast<float>(scale);
-      items.queue(pq, item, end);
+      stream.start(item);
       run(qf.data(), kp, vp, tables + d * block_tables.stride(0), lens[d], h0, nh, group, hd / 8,
-          block_size, k_cache.stride(0), k_cache.stride(1), scores.data(), acc.data(), buf.data(), pq);
+          block_size, k_cache.stride(0), k_cache.stride(1), scores.data(), acc.data(), buf.data(), stream);
       T* o = op + (d * H + h0 * group) * hd;
       for (int64_t j = 0; j < nq; ++j)
         for (int64_t x = 0; x < hd; ++x) o[j * hd + x] = static_cast<T>(acc[j * hd + x] * acc[nq * hd + j]);

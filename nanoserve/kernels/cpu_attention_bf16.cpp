@@ -50,14 +50,15 @@ template <int NZ>
 void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const uint16_t* v_cache,
                  const int32_t* table, int64_t L, int64_t h0, int64_t nh, int64_t group, int64_t nz_runtime,
                  int64_t block_size, int64_t block_stride, int64_t token_stride, float* scores,
-                 uint16_t* probs, float* out, __m512i* pairs_buf, nanoserve::PrefetchQueue& pq) {
+                 uint16_t* probs, float* out, __m512i* pairs_buf, nanoserve::BlockStream& stream) {
   const int64_t nz = NZ > 0 ? NZ : nz_runtime, hd = 32 * nz, nq = nh * group;
   const int64_t blocks = (L + block_size - 1) / block_size, Ls = (L + 7) / 8 * 8, Lp = Ls + 16;
   const int64_t npairs = (block_size + 1) / 2;
-  pq.spread_over(2 * nq * L);  // a unit: a key's score, or a value row's add, for one query head
+  // a unit of work: a key's score, or a value row's add, for one query head
   for (int64_t b = 0; b < blocks; ++b) {  // scores (nq, L), 16 keys at a time
     const uint16_t* kb = k_cache + table[b] * block_stride + h0 * hd;
     const int64_t n = std::min(block_size, L - b * block_size);
+    stream.at(b, nq * n);
     for (int64_t j = 0; j < nq; ++j) {
       __m512bh qv[NZ > 0 ? NZ : 8];
       for (int64_t i = 0; i < nz; ++i) qv[i] = load_bh(q + j * hd + 32 * i);
@@ -71,7 +72,7 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
               acc[t] = _mm512_dpbf16_ps(acc[t], qv[i], load_bh(kj + (o + t) * token_stride + 32 * i));
         const vf16 r = sum16x16(acc) * scale;
         _mm512_mask_storeu_ps(scores + j * Ls + b * block_size + o, (__mmask16)((1u << cnt) - 1), (__m512)r);
-        pq.done(cnt);
+        stream.done(cnt);
       }
     }
   }
@@ -88,6 +89,7 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
   for (int64_t b = 0; b < blocks; ++b) {  // out += p V, two tokens at a time
     const uint16_t* vb = v_cache + table[b] * block_stride + h0 * hd;
     const int64_t n = std::min(block_size, L - b * block_size), np = (n + 1) / 2;
+    stream.at(blocks + b, nq * n);
     // each kv head's rows t, t+1 interleaved: (v[t][d], v[t+1][d]) in 32-bit lanes, once per block
     for (int64_t h = 0; h < nh; ++h)
       for (int64_t pr = 0; pr < np; ++pr)
@@ -109,7 +111,7 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
         if (2 * pr + 1 < n) pp |= static_cast<uint32_t>(p[2 * pr + 1]) << 16;
         const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp));
         for (int64_t c = 0; c < 2 * nz; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)vj[pr * 2 * nz + c], w);
-        pq.done(2);
+        stream.done(2);
       }
       for (int64_t c = 0; c < 2 * nz; ++c) _mm512_storeu_ps(out + j * hd + 16 * c, acc[c]);
     }
@@ -160,17 +162,17 @@ bool decode_attention_bf16_dot(const at::Tensor& q, const at::Tensor& out, const
                                     per_seq, nh, tables, block_tables.stride(0), lens};
   at::parallel_for(0, D * per_seq, 1, [&](int64_t begin, int64_t end) {
     const int64_t nq = nh * group;
-    nanoserve::PrefetchQueue pq;
+    nanoserve::BlockStream stream(items, end);
     // score rows padded to whole vectors, and 16 floats more: a 16-lane read of the last row's tail
     std::vector<float> acc(nq * hd + nq), scores(nq * Ls + 16);
     std::vector<uint16_t> probs(nq * (Ls + 16));
     std::vector<__m512i> pairs_buf(nh * ((block_size + 1) / 2) * (hd / 32) * 2);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t d = item / per_seq, h0 = (item % per_seq) * nh;
-      items.queue(pq, item, end);
+      stream.start(item);
       run(qp + d * q.stride(0) + h0 * group * hd, static_cast<float>(scale), kp, vp,
           tables + d * block_tables.stride(0), lens[d], h0, nh, group, hd / 32, block_size,
-          k_cache.stride(0), k_cache.stride(1), scores.data(), probs.data(), acc.data(), pairs_buf.data(), pq);
+          k_cache.stride(0), k_cache.stride(1), scores.data(), probs.data(), acc.data(), pairs_buf.data(), stream);
       store_rows(acc.data(), nq, hd, reinterpret_cast<c10::BFloat16*>(op) + (d * H + h0 * group) * hd);
     }
   });

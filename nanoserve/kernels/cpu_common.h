@@ -90,47 +90,43 @@ inline void softmax_rows(float* scores, int64_t nq, int64_t L, int64_t Ls, float
   }
 }
 
-// Cache lines a work item needs later, prefetched a few at a time between its arithmetic. A work
-// item alone leaves memory idle while it computes, and the hardware prefetcher cannot know which
-// cache blocks come next; but a block's prefetches issued at once (128-256 lines) fill the core's
-// miss buffers, and the arithmetic behind them stalls until they drain: compute and memory then
-// take turns. Spread evenly over the item's arithmetic, the same prefetches overlap it. On a
-// 2-core AVX-512 EPYC, llama-120m's 12 layers of fp32 decode attention at 64 x 320 took 20-22 ms
-// instead of 29-33 with a block's prefetches in one burst (read-only, the same K/V bytes take
-// 17-23 ms); benchmarks/cpu_attention.py prints the rate per layer.
+// Cache lines a work item needs soon, prefetched a few at a time between its arithmetic. A block's
+// prefetches issued at once (128-256 lines) fill the core's miss buffers, and the arithmetic behind
+// them stalls until they drain: compute and memory then take turns. Spread over the arithmetic, the
+// same prefetches overlap it.
 class PrefetchQueue {
  public:
-  void clear() { runs_.clear(), run_ = 0, line_ = 0, lines_ = 0, credit_ = 0.f; }
-
   // rows rows of row_bytes each, stride_bytes apart, from base
   void add(const char* base, int64_t rows, int64_t row_bytes, int64_t stride_bytes) {
-    if (row_bytes == stride_bytes) return span(base, rows * row_bytes);
-    for (int64_t o = 0; o < rows; ++o) span(base + o * stride_bytes, row_bytes);
+    if (row_bytes == stride_bytes) row_bytes *= rows, rows = 1;  // one contiguous span
+    const char* first = base - (reinterpret_cast<uintptr_t>(base) & 63);  // its first line
+    const int64_t row_lines = (base + row_bytes - first + 63) / 64;
+    runs_.push_back({first, rows, row_lines, stride_bytes});
+    pending_ += rows * row_lines;
   }
 
-  // the queue's lines spread evenly over the next `units` units of work
-  void spread_over(int64_t units) { rate_ = units > 0 ? static_cast<float>(lines_) / units : 0.f; }
+  // the lines not yet prefetched, spread evenly over the next `units` units of work
+  void spread_over(int64_t units) { rate_ = units > 0 ? static_cast<float>(pending_) / units : 0.f; }
 
   // `units` units of work done: prefetch the lines now due (into L2, prefetcht2: L1 holds the
   // rows under way)
   void done(int64_t units) {
-    for (credit_ += rate_ * units; credit_ >= 1.f && run_ < runs_.size(); credit_ -= 1.f) {
-      __builtin_prefetch(runs_[run_].first + 64 * line_, 0, 1);
-      if (++line_ == runs_[run_].second) line_ = 0, ++run_;
+    for (credit_ += rate_ * units; credit_ >= 1.f && pending_ > 0; credit_ -= 1.f, --pending_) {
+      const Run& r = runs_[run_];
+      __builtin_prefetch(r.first + row_ * r.stride + 64 * line_, 0, 1);
+      if (++line_ == r.row_lines && (line_ = 0, ++row_ == r.rows)) row_ = 0, ++run_;
     }
+    if (pending_ == 0) runs_.clear(), run_ = 0, credit_ = 0.f;
   }
 
  private:
-  void span(const char* p, int64_t bytes) {  // the lines [p, p + bytes) touches
-    const char* first = p - (reinterpret_cast<uintptr_t>(p) & 63);
-    const int64_t n = (p + bytes - first + 63) / 64;
-    runs_.emplace_back(first, n);
-    lines_ += n;
-  }
-
-  std::vector<std::pair<const char*, int64_t>> runs_;  // (first line, lines)
+  struct Run {
+    const char* first;  // the first row's first line
+    int64_t rows, row_lines, stride;
+  };
+  std::vector<Run> runs_;
   size_t run_ = 0;
-  int64_t line_ = 0, lines_ = 0;
+  int64_t row_ = 0, line_ = 0, pending_ = 0;
   float credit_ = 0.f, rate_ = 0.f;
 };
 
@@ -144,21 +140,56 @@ struct PagedItems {
   int64_t table_stride;
   const int32_t* lens;  // (D,) context lengths
 
-  // What item `item` reads after its scores, in the order it reads it: its V rows, then (when
-  // the thread's range [.., end) has one) the next item's K rows
-  void queue(PrefetchQueue& pq, int64_t item, int64_t end) const {
-    pq.clear();
-    rows(pq, v, item);
-    if (item + 1 < end) rows(pq, k, item + 1);
+  int64_t blocks(int64_t item) const { return (lens[item / per_seq] + block_size - 1) / block_size; }
+
+  // block b of item's rows in `cache` into pq
+  void queue(PrefetchQueue& pq, const char* cache, int64_t item, int64_t b) const {
+    const int64_t d = item / per_seq, h0 = (item % per_seq) * nh;
+    pq.add(cache + tables[d * table_stride + b] * block_bytes + h0 * head_bytes,
+           std::min(block_size, lens[d] - b * block_size), nh * head_bytes, token_bytes);
+  }
+};
+
+// One thread's work items [.., end) read as one stream of cache blocks: an item's K blocks (its
+// scores), its V blocks (the weighted sum), then the next item's K blocks. While a work item
+// computes with the block at stream position s, the blocks up to s + ahead are prefetched, spread
+// over that block's arithmetic; ahead is about 16 KB of rows (one fp32 block of four kv heads).
+// On a 2-core AVX-512 EPYC, llama-120m's 12 layers of decode attention at 64 x 320 (shuffled
+// blocks) took 24 ms in fp32 and 13 in bf16 with it, against 25-28 and 16.5-17 with 64 KB ahead
+// or with a whole item's rows spread over the item, and 29-33 and 16-20 with each block's
+// prefetches in one burst (the same K/V bytes read alone: 23 and 14 ms). A whole item ahead
+// also lost at long contexts: 16 x 2048 is 4 MB an item in fp32, and L2 holds 1 MB.
+class BlockStream {
+ public:
+  BlockStream(const PagedItems& items, int64_t end)
+      : items_(items), end_(end),
+        ahead_(std::max<int64_t>(1, (16 << 10) / (items.block_size * items.nh * items.head_bytes))) {}
+
+  // Work item `item` starts: what the previous item queued past its own blocks was this one's
+  void start(int64_t item) {
+    next_ = item_ >= 0 && item == item_ + 1 ? std::max<int64_t>(0, next_ - 2 * items_.blocks(item_)) : 0;
+    item_ = item;
   }
 
- private:
-  void rows(PrefetchQueue& pq, const char* cache, int64_t item) const {
-    const int64_t d = item / per_seq, h0 = (item % per_seq) * nh, L = lens[d];
-    for (int64_t b = 0; b * block_size < L; ++b)
-      pq.add(cache + tables[d * table_stride + b] * block_bytes + h0 * head_bytes,
-             std::min(block_size, L - b * block_size), nh * head_bytes, token_bytes);
+  // The block at stream position s (K block s, or V block s - blocks) starts, with `units` units
+  // of work
+  void at(int64_t s, int64_t units) {
+    const int64_t B = items_.blocks(item_), last = 2 * B + (item_ + 1 < end_ ? items_.blocks(item_ + 1) : 0);
+    for (next_ = std::max(next_, s + 1); next_ <= s + ahead_ && next_ < last; ++next_) {
+      if (next_ < B) items_.queue(pq_, items_.k, item_, next_);
+      else if (next_ < 2 * B) items_.queue(pq_, items_.v, item_, next_ - B);
+      else items_.queue(pq_, items_.k, item_ + 1, next_ - 2 * B);
+    }
+    pq_.spread_over(units);
   }
+
+  void done(int64_t units) { pq_.done(units); }
+
+ private:
+  const PagedItems& items_;
+  const int64_t end_, ahead_;
+  int64_t item_ = -1, next_ = 0;  // the item under way; the first stream position not yet queued
+  PrefetchQueue pq_;
 };
 
 }  // namespace nanoserve
