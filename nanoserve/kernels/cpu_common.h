@@ -155,7 +155,7 @@ struct PagedItems {
 // computes with the block at stream position s, the blocks up to s + ahead are prefetched, spread
 // over that block's arithmetic; ahead is about 16 KB of rows (one fp32 block of four kv heads).
 // On a 2-core AVX-512 EPYC, llama-120m's 12 layers of decode attention at 64 x 320 (shuffled
-// blocks) took 24 ms in fp32 and 13 in bf16 with it, against 25-28 and 16.5-17 with 64 KB ahead
+// blocks) took 24 ms in fp32 and 13 in bf16 with it, against 25-28 and 15-17 with 64 KB ahead
 // or with a whole item's rows spread over the item, and 29-33 and 16-20 with each block's
 // prefetches in one burst (the same K/V bytes read alone: 23 and 14 ms). A whole item ahead
 // also lost at long contexts: 16 x 2048 is 4 MB an item in fp32, and L2 holds 1 MB.
