@@ -38,15 +38,22 @@ inline vf8 load8(const float* p) {
   return v;
 }
 
-inline vf8 load8(const c10::BFloat16* p) {  // eight bf16 widened to fp32 (exact)
-  typedef uint16_t vh8 __attribute__((vector_size(16)));
-  typedef uint32_t vu8 __attribute__((vector_size(32)));
-  vh8 h;
+// bf16 values widened to fp32, exactly (bf16 is fp32's top half): V a vector of floats (vf8, or
+// wider), VH and VU vectors of as many uint16 and uint32
+template <typename V, typename VH, typename VU>
+inline V load_bf16(const c10::BFloat16* p) {
+  VH h;
   std::memcpy(&h, p, sizeof h);
-  const vu8 u = __builtin_convertvector(h, vu8) << 16;
-  vf8 v;
+  const VU u = __builtin_convertvector(h, VU) << 16;
+  V v;
   std::memcpy(&v, &u, sizeof v);
   return v;
+}
+
+inline vf8 load8(const c10::BFloat16* p) {
+  typedef uint16_t vh8 __attribute__((vector_size(16)));
+  typedef uint32_t vu8 __attribute__((vector_size(32)));
+  return load_bf16<vf8, vh8, vu8>(p);
 }
 
 inline float sum8(vf8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }

@@ -194,14 +194,7 @@ template <>
 inline void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
 
 template <>
-inline vf16 load16(const c10::BFloat16* p) {  // bf16 is fp32's top half: exact
-  vh16 h;
-  std::memcpy(&h, p, sizeof h);
-  const vu16 u = __builtin_convertvector(h, vu16) << 16;
-  vf16 v;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
-}
+inline vf16 load16(const c10::BFloat16* p) { return nanoserve::load_bf16<vf16, vh16, vu16>(p); }
 
 // v rounded to bf16 (to nearest even, on the bits, as c10::BFloat16 rounds; NaN stays NaN), as
 // fp32 bits: the low half is zero
