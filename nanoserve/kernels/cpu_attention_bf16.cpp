@@ -120,6 +120,7 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
 
 // A work item's output rows: out's sums of V (interleaved as the V pass leaves them: vector
 // c = 2i + s, lane l holds dim 32i + 8(l/4) + 4s + l%4) times 1/sum, as bf16 in dim order
+// (vcvtneps2bf16 rounds to nearest even, as c10::BFloat16 does, but flushes values under 1.2e-38)
 void store_rows(const float* out, int64_t nq, int64_t hd, c10::BFloat16* o) {
   const float* inv = out + nq * hd;
   // 128-bit chunks of vectors 2i, 2i+1 in the order a0 b0 a1 b1, and a2 b2 a3 b3
@@ -128,7 +129,8 @@ void store_rows(const float* out, int64_t nq, int64_t hd, c10::BFloat16* o) {
   for (int64_t j = 0; j < nq; ++j) {
     const __m512 scale = _mm512_set1_ps(inv[j]);
     for (int64_t i = 0; i < hd / 32; ++i) {
-      const __m512 a = _mm512_loadu_ps(out + j * hd + 32 * i), b = _mm512_loadu_ps(out + j * hd + 32 * i + 16);
+      const __m512 a = _mm512_loadu_ps(out + j * hd + 32 * i);
+      const __m512 b = _mm512_loadu_ps(out + j * hd + 32 * i + 16);
       const __m512 first = _mm512_permutex2var_ps(a, lo, b), second = _mm512_permutex2var_ps(a, hi, b);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + j * hd + 32 * i),
                           (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(first, scale)));
@@ -172,7 +174,8 @@ bool decode_attention_bf16_dot(const at::Tensor& q, const at::Tensor& out, const
       stream.start(item);
       run(qp + d * q.stride(0) + h0 * group * hd, static_cast<float>(scale), kp, vp,
           tables + d * block_tables.stride(0), lens[d], h0, nh, group, hd / 32, block_size,
-          k_cache.stride(0), k_cache.stride(1), scores.data(), probs.data(), acc.data(), pairs_buf.data(), stream);
+          k_cache.stride(0), k_cache.stride(1), scores.data(), probs.data(), acc.data(), pairs_buf.data(),
+          stream);
       store_rows(acc.data(), nq, hd, reinterpret_cast<c10::BFloat16*>(op) + (d * H + h0 * group) * hd);
     }
   });

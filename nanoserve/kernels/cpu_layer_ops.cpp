@@ -1,10 +1,9 @@
 // A decoder layer's small ops on a CPU: RMSNorm (with the residual add fused), RoPE, the write
 // of new K/V into the paged cache, and the MLP's SiLU-and-multiply. In kernels/reference.py each
-// is one to six torch ops,
-// and at decode sizes (a row of 768 values) each torch op costs more in dispatch than in
-// arithmetic; here each is one call and one pass over its rows. The arithmetic and its rounding
-// follow the reference (which follows HF), but the compiler may fuse a multiply and an add into
-// one rounding, so fp32 results can differ from the reference's in the last bit.
+// is one to six torch ops, and at decode sizes (a row of 768 values) each torch op costs more in
+// dispatch than in arithmetic; here each is one call and one pass over its rows. The arithmetic
+// and its rounding follow the reference (which follows HF), but the compiler may fuse a multiply
+// and an add into one rounding, so fp32 results can differ from the reference's in the last bit.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -256,7 +255,7 @@ void silu_and_mul_impl(const at::Tensor& out, const at::Tensor& x) {
       };
       int64_t i = 0;
       for (; i + 16 <= d; i += 16) sixteen(gate + i, up + i, o + i);
-      if (i < d) {  // the tail, through zero-padded copies (a size known at compile time stays in registers)
+      if (i < d) {  // the tail through zero-padded copies: whole vectors, of a size known at compile time
         T g16[16] = {}, u16[16] = {}, o16[16];
         std::copy(gate + i, gate + d, g16);
         std::copy(up + i, up + d, u16);
