@@ -3,11 +3,12 @@
 //
 // A work item is a sequence (or, when there are too few sequences to keep every thread busy,
 // one kv head of a sequence). Its query heads read each K row and each V row once, from DRAM,
-// and nothing is written but the output; while it computes, its V rows and the next item's K rows
-// are prefetched, a few lines at a time between its arithmetic (PrefetchQueue in cpu_common.h). Scores, softmax and the weighted sum of V run in fp32 whatever the cache's dtype
-// (fp32, bf16, fp16; a bf16 cache on a CPU with AVX512-BF16 goes to cpu_attention_bf16.cpp). Work
-// items are spread over torch's own OpenMP threads (at::parallel_for), so the process keeps one
-// thread team.
+// and nothing is written but the output; while it computes with one cache block, the next 16 KB
+// of what the thread reads (its K, its V, then the next item's K) is prefetched, a few lines at a
+// time between its arithmetic (BlockStream in cpu_common.h). Scores, softmax and the weighted sum
+// of V run in fp32 whatever the cache's dtype (fp32, bf16, fp16; a bf16 cache on a CPU with
+// AVX512-BF16 goes to cpu_attention_bf16.cpp). Work items are spread over torch's own OpenMP
+// threads (at::parallel_for), so the process keeps one thread team.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
