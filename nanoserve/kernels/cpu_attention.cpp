@@ -120,10 +120,9 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
       for (int64_t i = 0; i < nv; ++i) acc[i] = load8(out + j * hd + 8 * i);
       const float* vj = v + (j / group) * hd;
       const float* p = scores + j * Ls + b * block_size;
-      for (int64_t o = 0; o < n; ++o) {
+      for (int64_t o = 0; o < n; ++o)
         for (int64_t i = 0; i < nv; ++i) acc[i] += p[o] * load8(vj + o * stride + 8 * i);
-        stream.done(1);
-      }
+      stream.done(n);
       for (int64_t i = 0; i < nv; ++i) std::memcpy(out + j * hd + 8 * i, &acc[i], sizeof(vf8));
     }
   });

@@ -111,8 +111,8 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
         if (2 * pr + 1 < n) pp |= static_cast<uint32_t>(p[2 * pr + 1]) << 16;
         const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp));
         for (int64_t c = 0; c < 2 * nz; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)vj[pr * 2 * nz + c], w);
-        stream.done(2);
       }
+      stream.done(n);
       for (int64_t c = 0; c < 2 * nz; ++c) _mm512_storeu_ps(out + j * hd + 16 * c, acc[c]);
     }
   }

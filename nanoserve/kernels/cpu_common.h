@@ -118,11 +118,21 @@ class PrefetchQueue {
   // `units` units of work done: prefetch the lines now due (into L2, prefetcht2: L1 holds the
   // rows under way)
   void done(int64_t units) {
-    for (credit_ += rate_ * units; credit_ >= 1.f && pending_ > 0; credit_ -= 1.f, --pending_) {
-      const Run& r = runs_[run_];
-      __builtin_prefetch(r.first + row_ * r.stride + 64 * line_, 0, 1);
-      if (++line_ == r.row_lines && (line_ = 0, ++row_ == r.rows)) row_ = 0, ++run_;
+    credit_ += rate_ * units;
+    if (credit_ < 1.f || pending_ == 0) return;
+    // the loop on locals: its loads of runs_ could alias the members, and would store them each line
+    int64_t due = std::min<int64_t>(pending_, static_cast<int64_t>(credit_)), row = row_, line = line_;
+    size_t run = run_;
+    credit_ -= due, pending_ -= due;
+    while (due > 0) {  // the due lines of the row under way, then of the next row
+      const Run& r = runs_[run];
+      const int64_t k = std::min(due, r.row_lines - line);
+      const char* p = r.first + row * r.stride + 64 * line;
+      for (int64_t i = 0; i < k; ++i) __builtin_prefetch(p + 64 * i, 0, 1);
+      due -= k;
+      if ((line += k) == r.row_lines && (line = 0, ++row == r.rows)) row = 0, ++run;
     }
+    row_ = row, line_ = line, run_ = run;
     if (pending_ == 0) runs_.clear(), run_ = 0, credit_ = 0.f;
   }
 
