@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_common.h"
@@ -63,17 +64,20 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
       __m512bh qv[NZ > 0 ? NZ : 8];
       for (int64_t i = 0; i < nz; ++i) qv[i] = load_bh(q + j * hd + 32 * i);
       const uint16_t* kj = kb + (j / group) * hd;
-      for (int64_t o = 0; o < n; o += 16) {
-        const int64_t cnt = std::min<int64_t>(16, n - o);
+      // keys [o, o + cnt), cnt <= 16; `full` (cnt = 16, all but a block's last chunk) a constant
+      auto chunk = [&](auto full, int64_t o, int64_t cnt) {
         vf16 acc[16] = {};
         for (int t = 0; t < 16; ++t)
-          if (t < cnt)
+          if (full || t < cnt)
             for (int64_t i = 0; i < nz; ++i)
               acc[t] = _mm512_dpbf16_ps(acc[t], qv[i], load_bh(kj + (o + t) * token_stride + 32 * i));
         const vf16 r = sum16x16(acc) * scale;
         _mm512_mask_storeu_ps(scores + j * Ls + b * block_size + o, (__mmask16)((1u << cnt) - 1), (__m512)r);
-        stream.done(cnt);
-      }
+      };
+      int64_t o = 0;
+      for (; o + 16 <= n; o += 16) chunk(std::true_type{}, o, 16);
+      if (o < n) chunk(std::false_type{}, o, n - o);
+      stream.done(n);
     }
   }
   nanoserve::softmax_rows(scores, nq, L, Ls, out + nq * hd);
