@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -47,6 +48,31 @@ inline __m512bh load_bh(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512
 // fixes it at compile time). Leaves in out each head's unnormalised sum of V in fp32, in the V
 // pass's interleaved order (store_rows puts it back) and, past the nq * hd of those, 1/sum of each
 // head's softmax.
+// out[g] += the weights of pairs of tokens (probs rows p + g * Lp, bf16) times their interleaved V
+// pairs vj, for G query heads of one kv head, over np pairs: 2 * nz vectors of sums per head
+template <int NZ, int G>
+inline void add_pv(float* out, int64_t hd, const uint16_t* p, int64_t Lp, const __m512i* vj, int64_t np,
+                   int64_t nz_runtime) {
+  const int64_t nz = NZ > 0 ? NZ : nz_runtime;
+  __m512 acc[G][NZ > 0 ? 2 * NZ : 16];
+  for (int g = 0; g < G; ++g)
+    for (int64_t c = 0; c < 2 * nz; ++c) acc[g][c] = _mm512_loadu_ps(out + g * hd + 16 * c);
+  for (int64_t pr = 0; pr < np; ++pr) {
+    __m512bh w[G];  // (p[t], p[t+1]) in every lane
+    for (int g = 0; g < G; ++g) {
+      int32_t pp;
+      std::memcpy(&pp, p + g * Lp + 2 * pr, sizeof pp);
+      w[g] = (__m512bh)_mm512_set1_epi32(pp);
+    }
+    for (int64_t c = 0; c < 2 * nz; ++c) {
+      const __m512bh v = (__m512bh)vj[pr * 2 * nz + c];
+      for (int g = 0; g < G; ++g) acc[g][c] = _mm512_dpbf16_ps(acc[g][c], v, w[g]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int64_t c = 0; c < 2 * nz; ++c) _mm512_storeu_ps(out + g * hd + 16 * c, acc[g][c]);
+}
+
 template <int NZ>
 void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const uint16_t* v_cache,
                  const int32_t* table, int64_t L, int64_t h0, int64_t nh, int64_t group, int64_t nz_runtime,
@@ -55,6 +81,7 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
   const int64_t nz = NZ > 0 ? NZ : nz_runtime, hd = 32 * nz, nq = nh * group;
   const int64_t blocks = (L + block_size - 1) / block_size, Ls = (L + 7) / 8 * 8, Lp = Ls + 16;
   const int64_t npairs = (block_size + 1) / 2;
+  constexpr int64_t kMaxG = NZ == 2 ? 4 : NZ == 4 ? 2 : 1;  // G heads' sums, in registers
   // a unit of work: a key's score, or a value row's add, for one query head
   for (int64_t b = 0; b < blocks; ++b) {  // scores (nq, L), 16 keys at a time
     const uint16_t* kb = k_cache + table[b] * block_stride + h0 * hd;
@@ -87,6 +114,7 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
       _mm256_mask_storeu_epi16(probs + j * Lp + t, (__mmask16)((1u << std::min<int64_t>(16, L - t)) - 1),
                                (__m256i)p);
     }
+    probs[j * Lp + L] = 0;  // the partner of an odd L's last token (its V row is the zero pad)
     std::fill(out + j * hd, out + (j + 1) * hd, 0.f);
   }
   const __m512i zero = _mm512_setzero_si512();
@@ -105,19 +133,25 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
           dst[0] = _mm512_unpacklo_epi16(a, c);  // dims 8k..8k+3 of each 128-bit chunk k
           dst[1] = _mm512_unpackhi_epi16(a, c);  // dims 8k+4..8k+7
         }
-    for (int64_t j = 0; j < nq; ++j) {
-      __m512 acc[NZ > 0 ? 2 * NZ : 16];
-      for (int64_t c = 0; c < 2 * nz; ++c) acc[c] = _mm512_loadu_ps(out + j * hd + 16 * c);
-      const uint16_t* p = probs + j * Lp + b * block_size;
-      const __m512i* vj = pairs_buf + (j / group) * npairs * nz * 2;
-      for (int64_t pr = 0; pr < np; ++pr) {
-        uint32_t pp = p[2 * pr];  // (p[t], p[t+1]) in one lane, p[t+1] = 0 past the block's end
-        if (2 * pr + 1 < n) pp |= static_cast<uint32_t>(p[2 * pr + 1]) << 16;
-        const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp));
-        for (int64_t c = 0; c < 2 * nz; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)vj[pr * 2 * nz + c], w);
+    for (int64_t j = 0; j < nq;) {  // a kv head's query heads G at a time: each V pair read once for G
+      const int64_t g = std::min({kMaxG, nq - j, group - j % group});
+      auto add = [&](auto G) {
+        add_pv<NZ, G()>(out + j * hd, hd, probs + j * Lp + b * block_size, Lp,
+                        pairs_buf + (j / group) * npairs * nz * 2, np, nz);
+        j += G();
+        stream.done(G() * n);
+      };
+      if constexpr (kMaxG == 4) {
+        if (g == 4) add(std::integral_constant<int, 4>{});
+        else if (g == 3) add(std::integral_constant<int, 3>{});
+        else if (g == 2) add(std::integral_constant<int, 2>{});
+        else add(std::integral_constant<int, 1>{});
+      } else if constexpr (kMaxG == 2) {
+        if (g == 2) add(std::integral_constant<int, 2>{});
+        else add(std::integral_constant<int, 1>{});
+      } else {
+        add(std::integral_constant<int, 1>{});
       }
-      stream.done(n);
-      for (int64_t c = 0; c < 2 * nz; ++c) _mm512_storeu_ps(out + j * hd + 16 * c, acc[c]);
     }
   }
 }

@@ -75,6 +75,20 @@ def test_bf16_matches_the_token_loop(lens, group, num_kv_heads, head_dim, block_
     torch.testing.assert_close(od.view_as(want).float(), want.float(), **TOL[torch.bfloat16])
 
 
+@pytest.mark.parametrize("group", range(1, 9))
+@pytest.mark.parametrize("head_dim, block_size", [(64, 5), (64, 16), (128, 7)])
+def test_bf16_gqa_groups(group, head_dim, block_size):
+    """Every GQA group size, odd and even context lengths and block sizes: the bf16 V pass takes
+    a kv head's query heads up to four at a time (two at head_dim 128), a group of 7 as 4 + 3."""
+    lens = [1, 2, 17, 30, 33, 48]
+    qd, od, k_cache, v_cache, tables, seq_lens = decode_batch(
+        lens, group * 2, 2, head_dim, block_size, torch.bfloat16)
+    cpu_attention.decode_attention(qd, od, k_cache, v_cache, tables, seq_lens, lens, 0.3)
+    want = loop_attention(qd.reshape(len(lens), -1, head_dim), k_cache, v_cache, tables,
+                          [(n - 1, 1) for n in lens], 0.3)
+    torch.testing.assert_close(od.view_as(want).float(), want.float(), **TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("D", [3, 17])
 def test_threads_and_work_split_do_not_change_a_bit(D):
     """Each query head's output is computed by one thread in the same order, however the
