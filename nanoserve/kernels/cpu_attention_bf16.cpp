@@ -48,27 +48,38 @@ inline __m512bh load_bh(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512
 // fixes it at compile time). Leaves in out each head's unnormalised sum of V in fp32, in the V
 // pass's interleaved order (store_rows puts it back) and, past the nq * hd of those, 1/sum of each
 // head's softmax.
-// out[g] += the weights of pairs of tokens (probs rows p + g * Lp, bf16) times their interleaved V
-// pairs vj, for G query heads of one kv head, over np pairs: 2 * nz vectors of sums per head
+// out[g] += the weights of a block's n tokens (probs rows p + g * Lp, bf16) times their V rows (v,
+// token_stride apart), for G query heads of one kv head: 2 * nz vectors of sums per head. vdpbf16ps
+// takes two tokens at once: their rows interleaved, (v[t][d], v[t+1][d]) in 32-bit lanes, which
+// puts each 128-bit chunk k's dims 8k..8k+3 in one vector and 8k+4..8k+7 in the next (store_rows
+// undoes it), times (p[t], p[t+1]) in every lane
 template <int NZ, int G>
-inline void add_pv(float* out, int64_t hd, const uint16_t* p, int64_t Lp, const __m512i* vj, int64_t np,
-                   int64_t nz_runtime) {
+inline void add_pv(float* out, int64_t hd, const uint16_t* p, int64_t Lp, const uint16_t* v,
+                   int64_t token_stride, int64_t n, int64_t nz_runtime) {
   const int64_t nz = NZ > 0 ? NZ : nz_runtime;
   __m512 acc[G][NZ > 0 ? 2 * NZ : 16];
   for (int g = 0; g < G; ++g)
     for (int64_t c = 0; c < 2 * nz; ++c) acc[g][c] = _mm512_loadu_ps(out + g * hd + 16 * c);
-  for (int64_t pr = 0; pr < np; ++pr) {
-    __m512bh w[G];  // (p[t], p[t+1]) in every lane
+  auto add_pair = [&](int64_t t, bool last_alone) {  // tokens t, t + 1 (a zero row if last_alone)
+    __m512bh w[G];
     for (int g = 0; g < G; ++g) {
-      int32_t pp;
-      std::memcpy(&pp, p + g * Lp + 2 * pr, sizeof pp);
+      int32_t pp;  // p[t + 1] is finite past the block (the next block's, or 0 at the end)
+      std::memcpy(&pp, p + g * Lp + t, sizeof pp);
       w[g] = (__m512bh)_mm512_set1_epi32(pp);
     }
-    for (int64_t c = 0; c < 2 * nz; ++c) {
-      const __m512bh v = (__m512bh)vj[pr * 2 * nz + c];
-      for (int g = 0; g < G; ++g) acc[g][c] = _mm512_dpbf16_ps(acc[g][c], v, w[g]);
+    for (int64_t i = 0; i < nz; ++i) {
+      const __m512i a = _mm512_loadu_si512(v + t * token_stride + 32 * i);
+      const __m512i b = last_alone ? _mm512_setzero_si512() : _mm512_loadu_si512(v + (t + 1) * token_stride + 32 * i);
+      const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b), hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+      for (int g = 0; g < G; ++g) {
+        acc[g][2 * i] = _mm512_dpbf16_ps(acc[g][2 * i], lo, w[g]);
+        acc[g][2 * i + 1] = _mm512_dpbf16_ps(acc[g][2 * i + 1], hi, w[g]);
+      }
     }
-  }
+  };
+  int64_t t = 0;
+  for (; t + 2 <= n; t += 2) add_pair(t, false);
+  if (t < n) add_pair(t, true);
   for (int g = 0; g < G; ++g)
     for (int64_t c = 0; c < 2 * nz; ++c) _mm512_storeu_ps(out + g * hd + 16 * c, acc[g][c]);
 }
@@ -77,10 +88,9 @@ template <int NZ>
 void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const uint16_t* v_cache,
                  const int32_t* table, int64_t L, int64_t h0, int64_t nh, int64_t group, int64_t nz_runtime,
                  int64_t block_size, int64_t block_stride, int64_t token_stride, float* scores,
-                 uint16_t* probs, float* out, __m512i* pairs_buf, nanoserve::BlockStream& stream) {
+                 uint16_t* probs, float* out, nanoserve::BlockStream& stream) {
   const int64_t nz = NZ > 0 ? NZ : nz_runtime, hd = 32 * nz, nq = nh * group;
   const int64_t blocks = (L + block_size - 1) / block_size, Ls = (L + 7) / 8 * 8, Lp = Ls + 16;
-  const int64_t npairs = (block_size + 1) / 2;
   constexpr int64_t kMaxG = NZ == 2 ? 4 : NZ == 4 ? 2 : 1;  // G heads' sums, in registers
   // a unit of work: a key's score, or a value row's add, for one query head
   for (int64_t b = 0; b < blocks; ++b) {  // scores (nq, L), 16 keys at a time
@@ -117,27 +127,15 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
     probs[j * Lp + L] = 0;  // the partner of an odd L's last token (its V row is the zero pad)
     std::fill(out + j * hd, out + (j + 1) * hd, 0.f);
   }
-  const __m512i zero = _mm512_setzero_si512();
-  for (int64_t b = 0; b < blocks; ++b) {  // out += p V, two tokens at a time
+  for (int64_t b = 0; b < blocks; ++b) {  // out += p V
     const uint16_t* vb = v_cache + table[b] * block_stride + h0 * hd;
-    const int64_t n = std::min(block_size, L - b * block_size), np = (n + 1) / 2;
+    const int64_t n = std::min(block_size, L - b * block_size);
     stream.at(blocks + b, nq * n);
-    // each kv head's rows t, t+1 interleaved: (v[t][d], v[t+1][d]) in 32-bit lanes, once per block
-    for (int64_t h = 0; h < nh; ++h)
-      for (int64_t pr = 0; pr < np; ++pr)
-        for (int64_t i = 0; i < nz; ++i) {
-          const uint16_t* row = vb + h * hd + 2 * pr * token_stride + 32 * i;
-          const __m512i a = _mm512_loadu_si512(row);
-          const __m512i c = 2 * pr + 1 < n ? _mm512_loadu_si512(row + token_stride) : zero;
-          __m512i* dst = pairs_buf + ((h * npairs + pr) * nz + i) * 2;
-          dst[0] = _mm512_unpacklo_epi16(a, c);  // dims 8k..8k+3 of each 128-bit chunk k
-          dst[1] = _mm512_unpackhi_epi16(a, c);  // dims 8k+4..8k+7
-        }
     for (int64_t j = 0; j < nq;) {  // a kv head's query heads G at a time: each V pair read once for G
       const int64_t g = std::min({kMaxG, nq - j, group - j % group});
       auto add = [&](auto G) {
-        add_pv<NZ, G()>(out + j * hd, hd, probs + j * Lp + b * block_size, Lp,
-                        pairs_buf + (j / group) * npairs * nz * 2, np, nz);
+        add_pv<NZ, G()>(out + j * hd, hd, probs + j * Lp + b * block_size, Lp, vb + (j / group) * hd,
+                        token_stride, n, nz);
         j += G();
         stream.done(G() * n);
       };
@@ -206,13 +204,12 @@ bool decode_attention_bf16_dot(const at::Tensor& q, const at::Tensor& out, const
     // score rows padded to whole vectors, and 16 floats more: a 16-lane read of the last row's tail
     std::vector<float> acc(nq * hd + nq), scores(nq * Ls + 16);
     std::vector<uint16_t> probs(nq * (Ls + 16));
-    std::vector<__m512i> pairs_buf(nh * ((block_size + 1) / 2) * (hd / 32) * 2);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t d = item / per_seq, h0 = (item % per_seq) * nh;
       stream.start(item);
       run(qp + d * q.stride(0) + h0 * group * hd, static_cast<float>(scale), kp, vp,
           tables + d * block_tables.stride(0), lens[d], h0, nh, group, hd / 32, block_size,
-          k_cache.stride(0), k_cache.stride(1), scores.data(), probs.data(), acc.data(), pairs_buf.data(),
+          k_cache.stride(0), k_cache.stride(1), scores.data(), probs.data(), acc.data(),
           stream);
       store_rows(acc.data(), nq, hd, reinterpret_cast<c10::BFloat16*>(op) + (d * H + h0 * group) * hd);
     }
