@@ -43,11 +43,6 @@ inline vf16 sum16x16(const vf16* a) {
 
 inline __m512bh load_bh(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
 
-// One work item, as cpu_attention.cpp's attend: a sequence's kv heads [h0, h0 + nh) and their
-// nh * group query heads (q: their rows, bf16, unscaled). Rows are hd = 32 * NZ values (NZ > 0
-// fixes it at compile time). Leaves in out each head's unnormalised sum of V in fp32, in the V
-// pass's interleaved order (store_rows puts it back) and, past the nq * hd of those, 1/sum of each
-// head's softmax.
 // out[g] += the weights of a block's n tokens (probs rows p + g * Lp, bf16) times their V rows (v,
 // token_stride apart), for G query heads of one kv head: 2 * nz vectors of sums per head. vdpbf16ps
 // takes two tokens at once: their rows interleaved, (v[t][d], v[t+1][d]) in 32-bit lanes, which
@@ -68,8 +63,9 @@ inline void add_pv(float* out, int64_t hd, const uint16_t* p, int64_t Lp, const 
       w[g] = (__m512bh)_mm512_set1_epi32(pp);
     }
     for (int64_t i = 0; i < nz; ++i) {
-      const __m512i a = _mm512_loadu_si512(v + t * token_stride + 32 * i);
-      const __m512i b = last_alone ? _mm512_setzero_si512() : _mm512_loadu_si512(v + (t + 1) * token_stride + 32 * i);
+      const uint16_t* row = v + t * token_stride + 32 * i;
+      const __m512i a = _mm512_loadu_si512(row);
+      const __m512i b = last_alone ? _mm512_setzero_si512() : _mm512_loadu_si512(row + token_stride);
       const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b), hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
       for (int g = 0; g < G; ++g) {
         acc[g][2 * i] = _mm512_dpbf16_ps(acc[g][2 * i], lo, w[g]);
@@ -84,6 +80,11 @@ inline void add_pv(float* out, int64_t hd, const uint16_t* p, int64_t Lp, const 
     for (int64_t c = 0; c < 2 * nz; ++c) _mm512_storeu_ps(out + g * hd + 16 * c, acc[g][c]);
 }
 
+// One work item, as cpu_attention.cpp's attend: a sequence's kv heads [h0, h0 + nh) and their
+// nh * group query heads (q: their rows, bf16, unscaled). Rows are hd = 32 * NZ values (NZ > 0
+// fixes it at compile time). Leaves in out each head's unnormalised sum of V in fp32, in the V
+// pass's interleaved order (store_rows puts it back) and, past the nq * hd of those, 1/sum of each
+// head's softmax.
 template <int NZ>
 void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const uint16_t* v_cache,
                  const int32_t* table, int64_t L, int64_t h0, int64_t nh, int64_t group, int64_t nz_runtime,
@@ -91,7 +92,8 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
                  uint16_t* probs, float* out, nanoserve::BlockStream& stream) {
   const int64_t nz = NZ > 0 ? NZ : nz_runtime, hd = 32 * nz, nq = nh * group;
   const int64_t blocks = (L + block_size - 1) / block_size, Ls = (L + 7) / 8 * 8, Lp = Ls + 16;
-  constexpr int64_t kMaxG = NZ == 2 ? 4 : NZ == 4 ? 2 : 1;  // G heads' sums, in registers
+  // the V pass's query heads at a time: their sums in registers (4 x 4 vectors at hd 64, 2 x 8 at 128)
+  constexpr int64_t kMaxG = NZ == 2 ? 4 : NZ == 4 ? 2 : 1;
   // a unit of work: a key's score, or a value row's add, for one query head
   for (int64_t b = 0; b < blocks; ++b) {  // scores (nq, L), 16 keys at a time
     const uint16_t* kb = k_cache + table[b] * block_stride + h0 * hd;
@@ -139,16 +141,11 @@ void attend_bf16(const uint16_t* q, float scale, const uint16_t* k_cache, const 
         j += G();
         stream.done(G() * n);
       };
-      if constexpr (kMaxG == 4) {
-        if (g == 4) add(std::integral_constant<int, 4>{});
-        else if (g == 3) add(std::integral_constant<int, 3>{});
-        else if (g == 2) add(std::integral_constant<int, 2>{});
-        else add(std::integral_constant<int, 1>{});
-      } else if constexpr (kMaxG == 2) {
-        if (g == 2) add(std::integral_constant<int, 2>{});
-        else add(std::integral_constant<int, 1>{});
-      } else {
-        add(std::integral_constant<int, 1>{});
+      switch (g) {  // G a constant: its sums stay in registers
+        case 4: add(std::integral_constant<int, 4>{}); break;
+        case 3: add(std::integral_constant<int, 3>{}); break;
+        case 2: add(std::integral_constant<int, 2>{}); break;
+        default: add(std::integral_constant<int, 1>{});
       }
     }
   }
