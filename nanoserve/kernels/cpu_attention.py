@@ -5,8 +5,8 @@ SDPA on it: every K/V byte crosses memory three times (read, write, read again).
 cpu_attention.cpp reads each byte once. On a 2-core AMD EPYC (AVX2), llama-120m's attention of
 64 sequences x 320 tokens took about half the reference's time per layer in fp32 and about 40%
 in bf16; on one with AVX-512, where a bf16 cache goes to AVX512-BF16 dot products
-(cpu_attention_bf16.cpp) and the prefetches are spread over the arithmetic, 29% in fp32 and 25% in
-bf16, and at 16 x 2048, 31% and 25% (benchmarks/cpu_attention.py prints the side-by-side figures
+(cpu_attention_bf16.cpp) and the prefetches are spread over the arithmetic, 27% in fp32 and 18% in
+bf16, and at 16 x 2048, 30% and 22% (benchmarks/cpu_attention.py prints the side-by-side figures
 for the machine it runs on).
 
 `paged_attention` has the reference's contract; decode rows go to the C++ op, prefill rows
