@@ -7,8 +7,11 @@ One layer's decode attention over a paged cache with shuffled blocks (as a long-
 cache is), for a few (sequences x context) shapes. The two implementations alternate call by
 call, so machine drift hits both alike; medians of --reps calls each. Also prints the K/V bytes
 each layer must read and the rate the op reads them at (compare: the weight-read rate of
-`python -m nanoserve roofline`). Writes benchmarks/results/cpu-attention-<date>.{md,json},
-naming the CPU.
+`python -m nanoserve roofline`). Then, for a model's worth of layers (--layers) at 64 x 320, the
+op's two floors: the op with every sequence on the same few blocks (K/V resident in cache: its
+arithmetic alone) and a plain read of the same K/V bytes (a sum over each layer's cache); the op
+is memory-bound when it runs at the read's time, compute-bound when at the resident time. Writes
+benchmarks/results/cpu-attention-<date>.{md,json}, naming the CPU.
 """
 
 from __future__ import annotations
@@ -43,11 +46,44 @@ def inputs(D, L, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=0):
     return qd, torch.empty_like(qd), k_cache, v_cache, tables, lens, lens.tolist(), head_dim ** -0.5
 
 
+def floors(D, L, layers, heads, dtype, reps, block_size=16) -> dict[str, float]:
+    """Median ms over `layers` layers: the op over each layer's cache (blocks in order, as a
+    fresh engine allocates them), the op on cache-resident blocks, and a plain read."""
+    num_heads, num_kv_heads, head_dim = heads
+    per_seq = -(-L // block_size)
+    shape = (D * per_seq, block_size, num_kv_heads, head_dim)
+    caches = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(layers)]
+    in_order = torch.arange(D * per_seq, dtype=torch.int32).view(D, per_seq)
+    resident = torch.arange(per_seq, dtype=torch.int32).repeat(D, 1)  # every sequence, one sequence's blocks
+    lens = torch.full((D,), L, dtype=torch.int32)
+    qd = torch.randn(D, num_kv_heads, num_heads // num_kv_heads, head_dim).to(dtype)
+    od = torch.empty_like(qd)
+
+    def op(tables):
+        for k, v in caches:
+            cpu_attention.decode_attention(qd, od, k, v, tables, lens, lens.tolist(), head_dim ** -0.5)
+
+    def read():
+        for k, v in caches:
+            k.sum()
+            v.sum()
+
+    fns = {"op": lambda: op(in_order), "resident": lambda: op(resident), "read": read}
+    times = {name: [] for name in fns}
+    for _ in range(reps + 1):  # the first round warms up
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(1e3 * (time.perf_counter() - t))
+    return {name: statistics.median(v[1:]) for name, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--heads", default="12,4,64", help="num_heads,num_kv_heads,head_dim")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--layers", type=int, default=12, help="layers of the floors run (llama-120m: 12)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args()
     if not cpu_attention.available():
@@ -76,6 +112,11 @@ def main() -> None:
                              op_ms=ms["op"], speedup=ms["reference"] / ms["op"], kv_mb=kv_bytes / 1e6,
                              op_gb_s=kv_bytes / ms["op"] / 1e6))
             print(json.dumps(rows[-1]), flush=True)
+    info["floors"] = []
+    for dtype_name in args.dtypes.split(","):
+        f = floors(64, 320, args.layers, heads, getattr(torch, dtype_name), max(5, args.reps // 3))
+        info["floors"].append(dict(dtype=dtype_name, **{f"{k}_ms": v for k, v in f.items()}))
+        print(json.dumps(info["floors"][-1]), flush=True)
     info["load_after"] = os.getloadavg()[0]
     m = info["machine"]
     md = [f"# Decode attention, one layer: torch reference vs C++ op, {info['date']}", "",
@@ -89,6 +130,12 @@ def main() -> None:
           "|---|---|---:|---:|---:|---:|---:|"]
     md += [f"| {r['dtype']} | {r['sequences']} x {r['context']} | {r['kv_mb']:.1f} | {r['reference_ms']:.2f} "
            f"| {r['op_ms']:.2f} | {r['speedup']:.2f}x | {r['op_gb_s']:.1f} |" for r in rows]
+    md += ["", f"{args.layers} layers at 64 x 320, blocks in order, medians of {max(5, args.reps // 3)} "
+           "alternating runs: the op, the op on cache-resident blocks (its arithmetic), a plain read "
+           "of the same K/V bytes.", "",
+           "| dtype | op ms | resident ms | read ms |", "|---|---:|---:|---:|"]
+    md += [f"| {f['dtype']} | {f['op_ms']:.1f} | {f['resident_ms']:.1f} | {f['read_ms']:.1f} |"
+           for f in info["floors"]]
     base = os.path.join(args.out, f"cpu-attention-{info['date']}")
     with open(base + ".json", "w") as f:
         json.dump(dict(info, rows=rows), f, indent=1)
