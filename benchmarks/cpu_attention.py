@@ -54,7 +54,7 @@ def floors(D, L, layers, heads, dtype, reps, block_size=16) -> dict[str, float]:
     shape = (D * per_seq, block_size, num_kv_heads, head_dim)
     caches = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(layers)]
     in_order = torch.arange(D * per_seq, dtype=torch.int32).view(D, per_seq)
-    resident = torch.arange(per_seq, dtype=torch.int32).repeat(D, 1)  # every sequence, one sequence's blocks
+    resident = torch.arange(per_seq, dtype=torch.int32).repeat(D, 1)  # all on one sequence's blocks
     lens = torch.full((D,), L, dtype=torch.int32)
     qd = torch.randn(D, num_kv_heads, num_heads // num_kv_heads, head_dim).to(dtype)
     od = torch.empty_like(qd)
@@ -112,9 +112,9 @@ def main() -> None:
                              op_ms=ms["op"], speedup=ms["reference"] / ms["op"], kv_mb=kv_bytes / 1e6,
                              op_gb_s=kv_bytes / ms["op"] / 1e6))
             print(json.dumps(rows[-1]), flush=True)
-    info["floors"] = []
+    info["floors"], floor_reps = [], max(5, args.reps // 3)
     for dtype_name in args.dtypes.split(","):
-        f = floors(64, 320, args.layers, heads, getattr(torch, dtype_name), max(5, args.reps // 3))
+        f = floors(64, 320, args.layers, heads, getattr(torch, dtype_name), floor_reps)
         info["floors"].append(dict(dtype=dtype_name, **{f"{k}_ms": v for k, v in f.items()}))
         print(json.dumps(info["floors"][-1]), flush=True)
     info["load_after"] = os.getloadavg()[0]
@@ -130,7 +130,7 @@ def main() -> None:
           "|---|---|---:|---:|---:|---:|---:|"]
     md += [f"| {r['dtype']} | {r['sequences']} x {r['context']} | {r['kv_mb']:.1f} | {r['reference_ms']:.2f} "
            f"| {r['op_ms']:.2f} | {r['speedup']:.2f}x | {r['op_gb_s']:.1f} |" for r in rows]
-    md += ["", f"{args.layers} layers at 64 x 320, blocks in order, medians of {max(5, args.reps // 3)} "
+    md += ["", f"{args.layers} layers at 64 x 320, blocks in order, medians of {floor_reps} "
            "alternating runs: the op, the op on cache-resident blocks (its arithmetic), a plain read "
            "of the same K/V bytes.", "",
            "| dtype | op ms | resident ms | read ms |", "|---|---:|---:|---:|"]
