@@ -157,3 +157,18 @@ def test_silu_and_mul_of_three_dims_and_what_it_does_not_take():
     assert torch.equal(cpu_layer_ops.silu_and_mul(strided), reference.silu_and_mul(strided))
     with pytest.raises(RuntimeError, match="out must be"):
         torch.ops.nanoserve_cpu.silu_and_mul(torch.empty(2, 8), torch.randn(2, 32))
+
+
+def test_bf16_rounding_keeps_denormals():
+    """fp32 values under 1.2e-38 round to bf16 denormals, as c10::BFloat16 rounds them (the
+    AVX512-BF16 instruction the ops use elsewhere would flush them to zero)."""
+    g = torch.Generator().manual_seed(3)
+    tiny = (torch.randn(4, 64, generator=g) * 1e-39).bfloat16()  # bf16 denormals, and some zeros
+    assert (tiny != 0).sum() > 200 and (tiny.float().abs() < 1.17e-38).all()
+    x, r = tiny, tiny.roll(1, 1)
+    w = torch.ones(64, dtype=torch.bfloat16)
+    got, want = cpu_layer_ops.rms_norm(x, w, 1e-6, r), reference.rms_norm(x, w, 1e-6, r)
+    assert torch.equal(got[1], want[1])  # the residual stream x + r: denormal sums
+    gate_up = torch.cat((tiny, torch.ones_like(tiny)), -1)  # silu(g) ~ g / 2, times 1
+    got, want = cpu_layer_ops.silu_and_mul(gate_up), reference.silu_and_mul(gate_up)
+    assert (want != 0).sum() > 200 and torch.equal(got, want)
