@@ -43,10 +43,7 @@ inline vf16 widen_bf16(vh16 h) {
 #if defined(__AVX512F__)
   return (vf16)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
 #else
-  const vu16 u = __builtin_convertvector(h, vu16) << 16;
-  vf16 v;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
+  return nanoserve::load_bf16<vf16, vh16, vu16>(reinterpret_cast<const c10::BFloat16*>(&h));
 #endif
 }
 
