@@ -62,7 +62,7 @@ void argmax(const at::Tensor& out, const at::Tensor& x) {
   const int64_t rows = x.size(0), n = x.size(1);
   const float* xp = x.const_data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
-  // a second thread only for 64K values or more, as the layer ops
+  // a second thread only for 64K values or more: one row of logits (batch 1) stays on one thread
   at::parallel_for(0, rows, std::max<int64_t>(1, (int64_t{1} << 16) / n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) op[r] = argmax_row(xp + r * n, n);
   });
