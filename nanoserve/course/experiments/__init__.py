@@ -17,6 +17,13 @@ for the device otherwise. Deliberately left out: figures (course.figures), lesso
 (course.scenarios).
 """
 
+from nanoserve.course.experiments.batch_context import (
+    GridPoint,
+    decode_grid,
+    grid_cells,
+    grid_table,
+    kv_crossover_tokens,
+)
 from nanoserve.course.experiments.batching import (
     DecodePoint,
     GoodputPoint,
@@ -37,6 +44,7 @@ from nanoserve.course.experiments.batching import (
     serving_workload,
     toy_policy_steps,
 )
+from nanoserve.course.experiments.capacity import KVCapacity, datasheet_capacity, kv_capacity
 from nanoserve.course.experiments.device import (
     LinearPoint,
     device_ceilings,
@@ -83,4 +91,6 @@ __all__ = [
     "linear_sweep", "linear_table", "policy_table", "prefill_batch_sweep", "prefill_outlook",
     "prefill_sweep", "roofline_points", "scaling_knee", "serving_workload", "toy_policy_steps",
     "two_phases", "weight_read_table",
+    "GridPoint", "KVCapacity", "datasheet_capacity", "decode_grid", "grid_cells", "grid_table",
+    "kv_capacity", "kv_crossover_tokens",
 ]

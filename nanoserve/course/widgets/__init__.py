@@ -1,4 +1,4 @@
-"""Figures and ipywidgets dashboards for lessons 05-09, one module per lesson, re-exported here.
+"""Figures and ipywidgets dashboards for lessons 03 and 05-09, one module per lesson, re-exported here.
 
 Every dashboard is a thin shell: a pure `compute_...(..., params) -> data` (numbers only) and a
 `plot_...(data, axes)` (matplotlib only); the widget wires sliders to the two, so tests call
@@ -6,6 +6,7 @@ exactly what a widget calls. Every figure names the device it was measured on, o
 "modelled: ..." when the simulator produced it, and every axis has a unit. matplotlib and
 ipywidgets are imported inside functions, so importing nanoserve needs neither.
 
+  capacity.py        03: the KV-capacity explorer (modelled)
   interference.py    05: decoders' ITL over time, the budget trade-off, the budget slider
   prefix.py          06: TTFT and prompt tokens with prefix caching off/on; eviction
   serving.py         07: a request's anatomy, percentiles, stratification, goodput, dashboard
@@ -16,6 +17,7 @@ Deliberately left out: measuring (course.scenarios) and figures of single runs (
 """
 
 from nanoserve.course.figures import plot_goodput  # lessons 03 and 07 share it
+from nanoserve.course.widgets.capacity import kv_capacity_explorer
 from nanoserve.course.widgets.disaggregation import (
     LINK_CHOICES,
     compute_disagg_view,
@@ -51,6 +53,7 @@ from nanoserve.course.widgets.serving import (
 __all__ = [
     "LINK_CHOICES", "compute_cost_view", "compute_dashboard", "compute_disagg_view",
     "compute_interference_view", "cost_explorer", "disagg_explorer", "interference_explorer",
+    "kv_capacity_explorer",
     "measure_dashboard_point", "plot_budget_tradeoff", "plot_cost_at_slo", "plot_cost_view",
     "plot_dashboard", "plot_disagg_view", "plot_eviction", "plot_goodput", "plot_interference_view",
     "plot_itl_timeline", "plot_layout_itl", "plot_metric_distributions", "plot_prefix_compare",

@@ -1,0 +1,130 @@
+"""One step at a time: what the scheduler decided and what the KV cache did, for lessons 02-04.
+
+`trace_requests` queues a few requests on a fresh engine and steps it by hand. Each step's
+record is the engine's own step trace (engine/trace.py: which request ran how many tokens from
+which position); around every step it reads the KV cache manager (blocks each request holds,
+free blocks) and the scheduler's counters (prefix-cache hits, preemptions), so a lesson can show
+blocks allocated and freed beside the tokens that caused them. Nothing here changes what the
+engine does: it only looks between steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nanoserve.course.setup import fresh_engine, random_prompt
+from nanoserve.course.table import Table
+from nanoserve.engine.trace import StepRecord
+from nanoserve.measure.workload import greedy_params
+
+
+@dataclass
+class StepView:
+    """One engine step and the KV bookkeeping around it."""
+
+    record: StepRecord
+    budget: int  # max_num_batched_tokens
+    free_before: int
+    free_after: int
+    blocks: dict[str, tuple[int, int]]  # request id -> blocks held (before, after) the step
+    prefix_hits: dict[str, int] = field(default_factory=dict)  # tokens reused at admission
+    finished: list[str] = field(default_factory=list)
+
+    @property
+    def allocated(self) -> int:
+        return sum(max(0, b - a) for a, b in self.blocks.values())
+
+    @property
+    def freed(self) -> int:
+        return sum(max(0, a - b) for a, b in self.blocks.values())
+
+    def ran(self) -> str:
+        """'r0 prefill 16@0, r1 decode 1@33': request, kind, tokens @ first position."""
+        return ", ".join(f"r{e.request_id} {e.kind} {e.num_tokens}@{e.start}"
+                         for e in self.record.entries)
+
+    def describe(self) -> str:
+        """The step in sentences."""
+        r = self.record
+        lines = [f"step {r.step} ({1e3 * r.duration:.2f} ms): {len(r.entries)} requests ran, "
+                 f"{r.num_tokens} of the {self.budget}-token budget "
+                 f"({r.num_prefill_tokens} prefill + {r.num_decode_tokens} decode)"]
+        for e in r.entries:
+            what = (f"decodes 1 token at position {e.start}" if e.kind == "decode" else
+                    f"prefills {e.num_tokens} tokens, positions {e.start}-{e.start + e.num_tokens - 1}")
+            before, after = self.blocks.get(e.request_id, (0, 0))
+            change = f"{after - before:+d} blocks" if after != before else "no new block"
+            sampled = ", samples a token" if e.sample else ""
+            lines.append(f"  r{e.request_id} {what}{sampled}; {change} (holds {after})")
+        for rid, n in self.prefix_hits.items():
+            lines.append(f"  r{rid} reused {n} prompt tokens from the prefix cache")
+        for rid in self.finished:
+            lines.append(f"  r{rid} finished: its {self.blocks.get(rid, (0, 0))[0]} blocks go back")
+        for rid in r.preempted:
+            lines.append(f"  r{rid} was preempted: its blocks go back, it will be recomputed")
+        lines.append(f"  free blocks {self.free_before} -> {self.free_after}; "
+                     f"waiting after the step: {r.num_waiting}")
+        return "\n".join(lines)
+
+
+@dataclass
+class StepTrace:
+    steps: list[StepView]
+    num_kv_blocks: int
+    block_size: int
+
+    def table(self, first: int = 0, last: int | None = None) -> Table:
+        rows = [{"step": v.record.step, "ms": round(1e3 * v.record.duration, 2),
+                 "ran (request kind tokens@position)": v.ran(),
+                 "budget used": f"{v.record.num_tokens}/{v.budget}",
+                 "blocks +new/-freed": f"+{v.allocated}/-{v.freed}",
+                 "free blocks": v.free_after,
+                 "prefix hits": sum(v.prefix_hits.values()),
+                 "preempted": ", ".join(f"r{p}" for p in v.record.preempted) or "-",
+                 "finished": ", ".join(f"r{p}" for p in v.finished) or "-"}
+                for v in self.steps[first:last]]
+        return Table(rows, f"The engine's step trace, measured ({self.num_kv_blocks} KV blocks of "
+                           f"{self.block_size} tokens)")
+
+    def describe(self, step: int) -> str:
+        """One step in sentences (its index in the trace)."""
+        return self.steps[step].describe()
+
+
+def trace_requests(engine_or_llm, prompt_lens: Sequence[int], max_tokens: int | Sequence[int],
+                   prompts: Sequence[list[int]] | None = None, max_steps: int = 200, seed: int = 0,
+                   **config) -> StepTrace:
+    """Queue requests with these prompt lengths (random tokens, or `prompts`) on a fresh engine
+    (EngineConfig overrides in `config`) and step it to completion or max_steps, reading the KV
+    cache manager and the scheduler's counters around every step."""
+    engine = fresh_engine(engine_or_llm, **config)
+    rng = np.random.default_rng(seed)
+    prompts = list(prompts) if prompts is not None else [random_prompt(engine, n, rng) for n in prompt_lens]
+    outs = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    if len(outs) != len(prompts):
+        raise ValueError(f"max_tokens has {len(outs)} entries for {len(prompts)} prompts")
+    ids = [engine.add_request(p, greedy_params(n)) for p, n in zip(prompts, outs)]
+    kv, views = engine.kv_manager, []
+    while engine.has_unfinished() and len(views) < max_steps:
+        held = {rid: len(kv.block_ids(rid)) for rid in ids}
+        admitted = {rid for rid in ids if engine.requests.get(rid) is not None
+                    and engine.requests[rid].num_cached_tokens < 0}
+        free, traced = kv.num_free_blocks, len(engine.trace)
+        outputs = engine.step()
+        if len(engine.trace) == traced:
+            if not outputs:
+                raise RuntimeError("the engine made no progress: nothing could be scheduled")
+            continue
+        hits = {rid: engine.requests[rid].num_cached_tokens for rid in admitted
+                if rid in engine.requests and engine.requests[rid].num_cached_tokens > 0}
+        hits.update({o.request_id: o.num_cached_tokens for o in outputs
+                     if o.request_id in admitted and o.finished and o.num_cached_tokens > 0})
+        after = {rid: len(kv.block_ids(rid)) for rid in ids}
+        views.append(StepView(engine.trace[-1], engine.config.max_num_batched_tokens, free,
+                              kv.num_free_blocks, {r: (held[r], after[r]) for r in ids
+                                                   if held[r] or after[r]}, hits,
+                              [o.request_id for o in outputs if o.finished]))
+    return StepTrace(views, engine.num_kv_blocks, engine.config.block_size)

@@ -1,0 +1,47 @@
+"""course.trace_view: the step-by-step view lessons 02-04 print, checked against the engine's own
+bookkeeping (blocks a request holds, prefix hits, preemptions), on the tiny preset."""
+
+import pytest
+
+from nanoserve.course import setup, trace_view
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return setup.load_llm("preset:tiny", num_kv_blocks=64, max_num_seqs=8)
+
+
+def test_blocks_follow_the_tokens_and_go_back_at_the_end(llm):
+    t = trace_view.trace_requests(llm, [40, 20], [3, 20], max_num_batched_tokens=32, max_num_seqs=2)
+    first = t.steps[0]
+    assert first.record.num_prefill_tokens == 32 and first.allocated == 2  # 32 tokens, 16 a block
+    assert first.free_before - first.free_after == 2
+    assert all(v.record.num_tokens <= v.budget == 32 for v in t.steps)
+    assert sum(v.allocated for v in t.steps) == sum(v.freed for v in t.steps)  # all given back
+    assert t.steps[-1].free_after == t.num_kv_blocks
+    done = [rid for v in t.steps for rid in v.finished]
+    assert sorted(done) == ["0", "1"]
+    # r1 decodes from position 20 to 39: crossing position 32 takes its third block
+    grew = [v for v in t.steps if v.blocks.get("1", (0, 0))[1] - v.blocks.get("1", (0, 0))[0] == 1
+            and any(e.request_id == "1" and e.kind == "decode" for e in v.record.entries)]
+    assert [e.start for v in grew for e in v.record.entries if e.request_id == "1"] == [32]
+    table = t.table()
+    assert table.rows[0]["ran (request kind tokens@position)"] == "r0 prefill 32@0"
+    assert "r0 prefills 32 tokens, positions 0-31" in t.describe(0)
+
+
+def test_prefix_hits_and_preemptions_are_shown(llm):
+    prompt = list(range(10, 50))
+    t = trace_view.trace_requests(llm, None, 2, prompts=[prompt, prompt + [7, 8]], max_num_seqs=1)
+    assert [sum(v.prefix_hits.values()) for v in t.steps].count(32) == 1  # two full blocks reused
+    assert "reused 32 prompt tokens" in "\n".join(v.describe() for v in t.steps)
+    small = trace_view.trace_requests(llm, [30] * 4, 30, num_kv_blocks=8, max_num_batched_tokens=64)
+    preempted = [p for v in small.steps for p in v.record.preempted]
+    assert preempted, "8 blocks cannot hold four 60-token requests: the scheduler must preempt"
+    assert sorted(r for v in small.steps for r in v.finished) == ["0", "1", "2", "3"]  # none lost
+    assert small.table().rows[[bool(v.record.preempted) for v in small.steps].index(True)]["preempted"] != "-"
+
+
+def test_mismatched_max_tokens_is_refused(llm):
+    with pytest.raises(ValueError, match="max_tokens has 1 entries for 2 prompts"):
+        trace_view.trace_requests(llm, [8, 8], [4])
