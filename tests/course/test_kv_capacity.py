@@ -64,3 +64,21 @@ def test_the_grid_measures_every_cell_and_counts_its_bytes():
         assert p.kv_tokens * per_token < p.kv_bytes < 1.2 * p.kv_tokens * per_token
     weights = by[(1, 18)].weight_bytes
     assert crossover * per_token == pytest.approx(weights, rel=0.02)
+
+
+def test_two_replicas_at_b_against_one_at_2b(monkeypatch):
+    from types import SimpleNamespace
+
+    from nanoserve.course.experiments import replicas
+
+    runs = [(4, 0.003), (8, 0.005)]  # (batch, median TPOT): `batch` requests done in one second
+    monkeypatch.setattr(replicas, "goodput_points", lambda points, slo: [
+        SimpleNamespace(batch=b, throughput=float(b), goodput=float(b) if t <= slo else 0.0,
+                        median_tpot=t) for b, t in runs])
+    rows = ex.replica_table([], 4, {"strict": 0.004, "loose": 0.006}, 3.6).rows
+    strict, loose = rows[:3], rows[3:]
+    assert [r["goodput requests/s"] for r in strict] == [4, 0, 8]
+    assert strict[1]["$ per 1M good requests"] == "no goodput"
+    # $3.60 an hour is $0.001 a second: 1e6 requests at 4/s cost $250; two devices at 8/s the same
+    assert strict[0]["$ per 1M good requests"] == pytest.approx(250) == strict[2]["$ per 1M good requests"]
+    assert loose[1]["$ per 1M good requests"] == pytest.approx(125)  # 2B on one device: half

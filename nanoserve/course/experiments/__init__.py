@@ -79,6 +79,7 @@ from nanoserve.course.experiments.phases import (
     roofline_points,
     two_phases,
 )
+from nanoserve.course.experiments.replicas import replica_table
 
 __all__ = [
     "AllocatorCheck", "DecodeContextPoint", "DecodePoint", "FragmentationRun", "Generation",
@@ -92,5 +93,5 @@ __all__ = [
     "prefill_sweep", "roofline_points", "scaling_knee", "serving_workload", "toy_policy_steps",
     "two_phases", "weight_read_table",
     "GridPoint", "KVCapacity", "datasheet_capacity", "decode_grid", "grid_cells", "grid_table",
-    "kv_capacity", "kv_crossover_tokens",
+    "kv_capacity", "kv_crossover_tokens", "replica_table",
 ]
