@@ -30,8 +30,9 @@ def plot_batch_context(points: Sequence, ceilings, dtype: str, crossover: float,
     for a in (ax, bx):
         a.set_xscale("log", base=2)
         a.set_yscale("log")
-        a.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
-        a.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
+        for axis in (a.xaxis, a.yaxis):  # plain numbers, not powers of ten
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
+            axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:.6g}" if f"{v:.1e}"[0] in "25" else ""))
         a.set_ylabel("decode step (ms, log)")
         a.grid(True, which="both", alpha=0.3)
     ax.set_xlabel("batch size B (log)")
