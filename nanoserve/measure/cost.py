@@ -19,7 +19,9 @@ and decode in proportion to their busy time.
 Token counts default to the trace's (computed prefill tokens, decode-step tokens). Pass billed
 counts (`billed_tokens(outputs)`) to price what a provider would charge for: cached prompt
 tokens and the first output token (which a prefill step produces) then count too.
-Deliberately left out: energy, memory-capacity cost, multi-device runs.
+`kv_memory_time` adds what the split by step time leaves out: the KV memory each request holds
+while it generates, in byte-seconds, for pricing memory when memory is what limits the batch.
+Deliberately left out: energy, multi-device runs.
 """
 
 from __future__ import annotations
@@ -41,20 +43,31 @@ class ProviderPrice:
     output_per_1m: float  # USD per 1M output tokens
     source: str
     date: str  # when the price was listed at the source
+    cached_input_per_1m: float | None = None  # USD per 1M input tokens read from a prompt cache
 
     @property
     def ratio(self) -> float:
         return self.output_per_1m / self.input_per_1m
 
+    def input_at_hit_rate(self, hit_rate: float) -> float:
+        """USD per 1M input tokens when `hit_rate` of them are billed as cache reads."""
+        if not 0 <= hit_rate <= 1:
+            raise ValueError(f"hit_rate={hit_rate!r} must be in [0, 1]")
+        cached = self.input_per_1m if self.cached_input_per_1m is None else self.cached_input_per_1m
+        return (1 - hit_rate) * self.input_per_1m + hit_rate * cached
+
 
 # Public list prices, as published on each provider's pricing page at the date given. Prices
 # change; pass your own dict to compare against current ones.
 PROVIDER_PRICES: dict[str, ProviderPrice] = {
-    "openai/gpt-4o": ProviderPrice(2.50, 10.00, "platform.openai.com/docs/pricing", "2025-03"),
-    "openai/gpt-4o-mini": ProviderPrice(0.15, 0.60, "platform.openai.com/docs/pricing", "2025-03"),
-    "anthropic/claude-sonnet-4": ProviderPrice(3.00, 15.00, "anthropic.com/pricing", "2025-05"),
+    # cached input: OpenAI's "cached input", Anthropic's cache read (writes cost 1.25x input,
+    # left out), DeepSeek's "cache hit"
+    "openai/gpt-4o": ProviderPrice(2.50, 10.00, "platform.openai.com/docs/pricing", "2025-03", 1.25),
+    "openai/gpt-4o-mini": ProviderPrice(0.15, 0.60, "platform.openai.com/docs/pricing", "2025-03",
+                                        0.075),
+    "anthropic/claude-sonnet-4": ProviderPrice(3.00, 15.00, "anthropic.com/pricing", "2025-05", 0.30),
     "deepseek/deepseek-chat (V3.1)": ProviderPrice(
-        0.56, 1.68, "api-docs.deepseek.com/quick_start/pricing", "2025-09"),
+        0.56, 1.68, "api-docs.deepseek.com/quick_start/pricing", "2025-09", 0.07),
 }
 
 
@@ -183,6 +196,22 @@ def cost_report(trace: Sequence, price_per_hour: float, duration: float | None =
                       n_in, n_out, per_in, per_out,
                       per_out / per_in if per_in > 0 else math.nan, method, model,
                       dict(PROVIDER_PRICES if providers is None else providers))
+
+
+def kv_memory_time(trace: Sequence, kv_bytes_per_token: float) -> tuple[float, float]:
+    """(prefill, decode) byte-seconds of KV cache held by the requests of each step (StepRecords
+    with entries): a request holds its whole context's KV, start + num_tokens tokens, for the
+    step's duration. The decode share is what generating output tokens holds: each output token
+    keeps the whole context in memory for one more step."""
+    pre = dec = 0.0
+    for step in trace:
+        for e in step.entries:
+            held = (e.start + e.num_tokens) * kv_bytes_per_token * step.duration
+            if e.kind == "decode":
+                dec += held
+            else:
+                pre += held
+    return pre, dec
 
 
 @dataclass

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nanoserve.course.scenarios.common import _ms, _round_up, measure_workload, unloaded_latency
+from nanoserve.course.scenarios.prefix import prefix_summary
 from nanoserve.course.setup import Table, device_kind, engine_of
 from nanoserve.measure import bench
 from nanoserve.measure.metrics import ServingMetrics
@@ -105,3 +106,49 @@ def provider_table(measured_ratio: float | None = None) -> Table:
         rows.append({"who": "this device (measured)", "$/1M in": math.nan, "$/1M out": math.nan,
                      "out/in": measured_ratio, "source": "this notebook"})
     return Table(rows, "Output/input price ratio", ".3g")
+
+
+def prefix_discount_table(results: dict, price_per_hour: float) -> Table:
+    """What a prefix-cache hit is worth. `results`: prefix_cache_compare's {"off", "on"} runs of
+    a shared-prompt workload. This device: the busy time attributed to prefill per 1M billed
+    prompt tokens, caching off and on (measured); providers: their list input price, their cached
+    input price and the input price at the hit rate measured here."""
+    from nanoserve.measure.cost import PROVIDER_PRICES, attribute_time, billed_tokens
+    hit = prefix_summary(results["on"])["hit rate (%)"] / 100
+    rows = []
+    for name, r in results.items():
+        n_in, _ = billed_tokens(r.outputs)
+        prefill_s, _ = attribute_time(r.trace)
+        rows.append({"who": f"this device, caching {name} (measured)", "hit rate (%)": 100 * hit if
+                     name == "on" else 0.0, "$/1M in, list": math.nan, "$/1M cached in": math.nan,
+                     "$/1M in at this hit rate": price_per_hour / 3600 * prefill_s / n_in * 1e6})
+    for name, p in PROVIDER_PRICES.items():
+        rows.append({"who": f"{name} ({p.date})", "hit rate (%)": 100 * hit,
+                     "$/1M in, list": p.input_per_1m, "$/1M cached in": p.cached_input_per_1m,
+                     "$/1M in at this hit rate": p.input_at_hit_rate(hit)})
+    return Table(rows, f"Prefix-cache discount at the measured hit rate, ${price_per_hour:.2f}/h here", ".3g")
+
+
+def kv_memory_table(engine_or_llm, runs: dict, price_per_hour: float) -> Table:
+    """Per batch cap: the KV memory an output token holds (its request's context, for one step)
+    and what that costs if memory is what limits the batch: the device's price per second spread
+    over the byte-seconds of this engine's KV pool (modelled from the measured runs)."""
+    from nanoserve.engine.kv_cache import kv_bytes_per_block, kv_bytes_per_token
+    from nanoserve.measure.cost import kv_memory_time
+    engine = engine_of(engine_or_llm)
+    cfg, dtype = engine.model_config, engine.dtype
+    per_token = kv_bytes_per_token(cfg, dtype)
+    pool = engine.num_kv_blocks * kv_bytes_per_block(cfg, engine.config.block_size, dtype)
+    rows = []
+    for cap, r in runs.items():
+        _, decode = kv_memory_time(r.trace, per_token)
+        n_out = sum(s.num_decode_tokens for s in r.trace)
+        steps = [s for s in r.trace if s.num_decode_tokens]
+        held = sum((e.start + 1) * per_token for s in steps for e in s.entries if e.kind == "decode")
+        rows.append({"max_num_seqs": cap, "KV held per output token (MiB)": held / n_out / 2**20,
+                     "for (ms, one step)": 1e3 * decode / held if held else math.nan,
+                     "MiB*s per output token": decode / n_out / 2**20,
+                     "$/1M out, memory rent": price_per_hour / 3600 * decode / pool / n_out * 1e6,
+                     "$/1M out, step time": run_cost(r, price_per_hour).usd_per_1m_output})
+    return Table(rows, f"KV memory-time of output tokens, {pool / 2**30:.2f} GiB KV pool at "
+                       f"${price_per_hour:.2f}/h (modelled rent, measured runs)", ".3g")
