@@ -174,7 +174,13 @@ def test_disaggregation_studies(device_model, llm):
     study = S.datasheet_study("H100-SXM", "llama-3-8b", num_requests=8, num_rates=2, total=2)
     assert len(study.rates) == 2 and study.label.startswith("modelled:")
     col = study.colocated()
-    assert study.colocated() is col  # cached
+    assert study.colocated() is col is study.colocated(study.config.max_num_batched_tokens)  # cached
+    small = study.colocated(256)  # the colocated token budget: prefill in chunks of at most 256
+    assert small is not col and all(completed(o) for r in small for o in r.outputs)
+    assert max(s.num_prefill_tokens for s in small[0].trace) <= 256 < max(
+        s.num_prefill_tokens for s in col[0].trace)
+    with pytest.raises(ValueError, match="max_num_batched_tokens=0"):
+        study.colocated(0)
     dis = study.disaggregated(1, 50e9)
     assert len(dis) == 2 and all(completed(o) for r in dis for o in r.outputs)
     with pytest.raises(ValueError, match="num_prefill"):

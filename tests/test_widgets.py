@@ -170,7 +170,9 @@ def test_disaggregation_view_and_explorer():
     titled(W.plot_layout_itl({"colocated": study.colocated()[0],
                               "1P:1D": study.disaggregated(1, 50e9)[0]}, study.label))
     box = W.disagg_explorer(study, ttft_slo_ms=400, itl_slo_ms=25, link_bandwidth=50e9)
-    (_, link), (_, itl, status) = box.children[0].children, box.children[1].children
+    (budget, _, link), (_, itl, status) = box.children[0].children, box.children[1].children
     itl.value = 200  # re-scores the cached runs
     link.value = 12.5e9  # simulates the new link once
+    budget.value = 512  # simulates colocation at that token budget once
+    assert ("colocated", 512) in study.cache
     assert status.value.startswith("modelled")

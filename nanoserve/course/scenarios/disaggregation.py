@@ -73,12 +73,19 @@ class DisaggStudy:
     dtype: str = "bfloat16"
     cache: dict = field(default_factory=dict)
 
-    def colocated(self) -> list:
+    def colocated(self, max_num_batched_tokens: int | None = None) -> list:
+        """The colocated layout at each rate; max_num_batched_tokens: its token budget (default:
+        the study's), the knob that trades a prefill chunk's ITL spike against TTFT."""
         from nanoserve.sim.disagg import simulate_colocated
-        key = ("colocated",)
+        budget = self.config.max_num_batched_tokens if max_num_batched_tokens is None else \
+            int(max_num_batched_tokens)
+        if budget < 1:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens!r} must be >= 1")
+        key = ("colocated", budget)
         if key not in self.cache:
+            config = replace(self.config, max_num_batched_tokens=budget)
             self.cache[key] = [simulate_colocated(self.make_workload(r), self.model_config, self.device,
-                                                  self.total, self.config, self.dtype) for r in self.rates]
+                                                  self.total, config, self.dtype) for r in self.rates]
         return self.cache[key]
 
     def disaggregated(self, num_prefill: int, link_bandwidth: float) -> list:

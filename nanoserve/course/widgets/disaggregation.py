@@ -10,14 +10,16 @@ from nanoserve.measure.metrics import completed, itl_p99, itls
 
 
 def compute_disagg_view(study, num_prefill: int, link_bandwidth: float, ttft_slo_ms: float,
-                        itl_slo_ms: float) -> dict:
+                        itl_slo_ms: float, colocated_budget: int | None = None) -> dict:
     """Goodput, and the two quantities the SLO limits, against arrival rate for `study.total`
-    colocated instances and for num_prefill prefill + the rest decode instances over a
+    colocated instances at a token budget of colocated_budget (default: the study's) and for
+    num_prefill prefill + the rest decode instances over a
     link_bandwidth link (modelled). The SLO is per request (TTFT, and the p99 of the request's own
     ITLs), so each is summarised over requests, by its p90: under the line, 90% of requests meet it."""
     from nanoserve.measure.metrics import compute_metrics
     slo = {"ttft": ttft_slo_ms / 1e3, "itl_p99": itl_slo_ms / 1e3}
-    layouts = {f"colocated x{study.total}": study.colocated(),
+    budget = study.config.max_num_batched_tokens if colocated_budget is None else colocated_budget
+    layouts = {f"colocated x{study.total}, budget {budget}": study.colocated(budget),
                f"{num_prefill}P:{study.total - num_prefill}D over {link_bandwidth / 1e9:g} GB/s":
                study.disaggregated(num_prefill, link_bandwidth)}
     data = {"rates": list(study.rates), "label": study.label, "slo_ms": (ttft_slo_ms, itl_slo_ms),
@@ -68,8 +70,9 @@ LINK_CHOICES = [("NVLink 4: 450 GB/s", 450e9), ("PCIe 5.0 x16: 64 GB/s", 64e9),
 
 
 def disagg_explorer(study, ttft_slo_ms: float, itl_slo_ms: float, link_bandwidth: float = 50e9):
-    """P:D split, link and SLOs over the simulator (modelled). A new split or link simulates its
-    rates once (a few seconds); SLO changes only re-score the cached runs."""
+    """P:D split, link, the colocated token budget and SLOs over the simulator (modelled). A new
+    split, link or budget simulates its rates once (a few seconds); SLO changes only re-score the
+    cached runs. The budget control keeps the comparison fair: colocation at its best budget."""
     import ipywidgets as W
     import matplotlib.pyplot as plt
     split = W.SelectionSlider(options=[(f"{p}P:{study.total - p}D", p) for p in range(1, study.total)],
@@ -86,6 +89,10 @@ def disagg_explorer(study, ttft_slo_ms: float, itl_slo_ms: float, link_bandwidth
     itl = W.SelectionSlider(options=sorted({5, 10, 15, 20, 30, 50, 100, 200, 400, itl_slo_ms}),
                             value=itl_slo_ms, description="p99 ITL SLO (ms)", continuous_update=False,
                             style={"description_width": "initial"})
+    default = study.config.max_num_batched_tokens
+    budget = W.SelectionSlider(options=sorted({256, 512, 1024, 2048, 4096, 8192, default}), value=default,
+                               description="colocated token budget", continuous_update=False,
+                               style={"description_width": "initial"})
     status = W.HTML("modelled (simulator)")
     out = W.Output()
 
@@ -94,14 +101,15 @@ def disagg_explorer(study, ttft_slo_ms: float, itl_slo_ms: float, link_bandwidth
 
         def fig():
             fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
-            plot_disagg_view(compute_disagg_view(study, split.value, link.value, ttft.value, itl.value), axes)
+            plot_disagg_view(compute_disagg_view(study, split.value, link.value, ttft.value, itl.value,
+                                                 budget.value), axes)
             return fig
         _show(out, fig)
         status.value = "modelled (simulator)"
-    for w in (split, link, ttft, itl):
+    for w in (split, link, budget, ttft, itl):
         w.observe(draw, names="value")
     draw()
-    return W.VBox([W.HBox([split, link]), W.HBox([ttft, itl, status]), out])
+    return W.VBox([W.HBox([budget, split, link]), W.HBox([ttft, itl, status]), out])
 
 
 def plot_layout_itl(results: dict, label: str, ax=None):
