@@ -219,8 +219,8 @@ def generate(engine_or_llm, prompts: Sequence[list[int]], params: SamplingParams
 
 
 def slo_text(slo: dict) -> str:
-    """{"ttft": 0.12, "tpot": 0.026} -> 'ttft<=120ms,tpot<=26ms'."""
-    return ",".join(f"{k}<={v * 1e3:g}ms" for k, v in slo.items())
+    """{"ttft": 0.12, "tpot": 0.0264} -> 'ttft<=120ms,tpot<=26.4ms' (three significant digits)."""
+    return ",".join(f"{k}<={v * 1e3:.3g}ms" for k, v in slo.items())
 
 
 def installed(device: str | None = None) -> Table:

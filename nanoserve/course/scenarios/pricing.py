@@ -120,7 +120,7 @@ def prefix_discount_table(results: dict, price_per_hour: float) -> Table:
         n_in, _ = billed_tokens(r.outputs)
         prefill_s, _ = attribute_time(r.trace)
         rows.append({"who": f"this device, caching {name} (measured)", "hit rate (%)": 100 * hit if
-                     name == "on" else 0.0, "$/1M in, list": math.nan, "$/1M cached in": math.nan,
+                     name == "on" else 0.0, "$/1M in, list": "-", "$/1M cached in": "-",
                      "$/1M in at this hit rate": price_per_hour / 3600 * prefill_s / n_in * 1e6})
     for name, p in PROVIDER_PRICES.items():
         rows.append({"who": f"{name} ({p.date})", "hit rate (%)": 100 * hit,

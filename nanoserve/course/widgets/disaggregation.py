@@ -46,22 +46,21 @@ def plot_disagg_view(data: dict, axes) -> None:
         ax_t.plot(data["rates"], d["ttft_p90"], label=name, **st)
         ax_i.plot(data["rates"], d["request_itl_p99_p90"], label=name, **st)
     ttft_slo, itl_slo = data["slo_ms"]
-    ax_t.axhline(ttft_slo, color="tab:red", ls="--", lw=1, label=f"SLO: each request's TTFT {ttft_slo:g} ms")
-    ax_i.axhline(itl_slo, color="tab:red", ls="--", lw=1,
-                 label=f"SLO: each request's p99 ITL {itl_slo:g} ms")
-    ax_g.set_ylabel("goodput (completed requests/s within the SLO)")
-    ax_t.set_ylabel("TTFT, p90 over requests (ms, log)")
-    ax_i.set_ylabel("each request's p99 ITL, p90 over requests (ms, log)")
+    ax_t.axhline(ttft_slo, color="tab:red", ls="--", lw=1, label=f"SLO {ttft_slo:g} ms")
+    ax_i.axhline(itl_slo, color="tab:red", ls="--", lw=1, label=f"SLO {itl_slo:g} ms")
+    ax_g.set_ylabel("goodput\n(requests/s within the SLO)")
+    ax_t.set_ylabel("TTFT, p90 over requests\n(ms, log)")
+    ax_i.set_ylabel("each request's p99 ITL,\np90 over requests (ms, log)")
     _log(ax_t, "y")
     _log(ax_i, "y")
-    for ax, what in ((ax_g, "Goodput (vLLM's request goodput)"), (ax_t, "Time to first token"),
+    for ax, what in ((ax_g, "Goodput (vLLM's)"), (ax_t, "Time to first token"),
                      (ax_i, "Inter-token latency, per request")):
         ax.set_xlabel("arrival rate (requests/s)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
         ax.set_title(what, fontsize=10)
-    ax_g.figure.suptitle(f"Colocated vs disaggregated, SLO TTFT <= {ttft_slo:g} ms and per-request "
-                         f"p99 ITL <= {itl_slo:g} ms\n{data['label']}", fontsize=9)
+    ax_g.figure.suptitle(f"Colocated vs disaggregated, SLO: TTFT <= {ttft_slo:g} ms, p99 ITL <= "
+                         f"{itl_slo:g} ms\n{data['label']}", fontsize=10)
 
 
 LINK_CHOICES = [("NVLink 4: 450 GB/s", 450e9), ("PCIe 5.0 x16: 64 GB/s", 64e9),
@@ -100,7 +99,7 @@ def disagg_explorer(study, ttft_slo_ms: float, itl_slo_ms: float, link_bandwidth
         status.value = "simulating..."
 
         def fig():
-            fig, axes = plt.subplots(1, 3, figsize=(15, 4), constrained_layout=True)
+            fig, axes = plt.subplots(1, 3, figsize=(13, 4), constrained_layout=True)
             plot_disagg_view(compute_disagg_view(study, split.value, link.value, ttft.value, itl.value,
                                                  budget.value), axes)
             return fig
