@@ -3,7 +3,7 @@ and context length, the roofline floor beside it, and where the KV read overtake
 
     python benchmarks/lesson03_batch_context.py            # the lesson's sizes for this device
     python benchmarks/lesson03_batch_context.py --quick    # CI sizes
-    OMP_NUM_THREADS=1 python benchmarks/lesson03_batch_context.py --reps 1   # on a shared, busy machine
+    OMP_NUM_THREADS=1 python benchmarks/lesson03_batch_context.py   # on a shared, busy machine
 
 Writes benchmarks/results/lesson03-batch-context-<date>.{json,md,png}, naming the machine, the
 torch version and the load average before and after.
@@ -22,7 +22,7 @@ from peers import RESULTS_DIR, cpu_facts, write_report  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--reps", type=int, default=2, help="rounds of the grid (the lesson: 2)")
+    ap.add_argument("--reps", type=int, default=None, help="rounds of the grid (default: the lesson's)")
     ap.add_argument("--out-dir", default=RESULTS_DIR)
     args = ap.parse_args()
     import matplotlib
@@ -38,11 +38,11 @@ def main() -> None:
     llm = setup.load_llm(S["model"], max_num_seqs=max(S["grid_batches"]))
     ceilings, dtype = ex.device_ceilings(), setup.model_dtype(llm)
     points = ex.decode_grid(llm, S["grid_batches"], S["grid_contexts"], S["grid_kv_tokens"],
-                            reps=args.reps, progress=False)
+                            reps=args.reps or S["grid_reps"], progress=False)
     crossover = ex.kv_crossover_tokens(llm)
     table = ex.grid_table(points, ceilings, dtype)
     machine = dict(cpu_facts(), torch=torch.__version__, threads=torch.get_num_threads(),
-                   reps=args.reps, device=device_label(llm),
+                   reps=args.reps or S["grid_reps"], device=device_label(llm),
                    load_before=load_before, load_after=os.getloadavg())
     if torch.cuda.is_available():
         machine["gpu"] = torch.cuda.get_device_name(0)

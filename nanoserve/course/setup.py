@@ -59,17 +59,19 @@ SIZES: dict[str, dict[str, dict]] = {
            "cuda": dict(text_tokens=64, prompt_len=256, max_tokens=256, frag_requests=64,
                         frag_max_num_seqs=32, frag_input=256, frag_output=256)},
     # grid_*: the batch x context grid; cells past grid_kv_tokens (B x context) are left out, and
-    # the largest reaches past where the KV read equals the weight read (kv_crossover_tokens)
+    # the largest reaches past where the KV read equals the weight read (kv_crossover_tokens); one
+    # round on a CPU, where each round's prefills of B x context tokens take most of the time
     "03": {"quick": dict(batches=(1, 2, 4, 8, 16, 32), steps=6, context_len=32,
                          prefill_counts=(1, 2, 4, 8), prefill_len=128,
-                         grid_batches=(1, 4, 16), grid_contexts=(32, 256), grid_kv_tokens=4096),
+                         grid_batches=(1, 4, 16), grid_contexts=(32, 256), grid_kv_tokens=4096, grid_reps=1),
            "cpu": dict(batches=(1, 2, 4, 8, 16, 32, 64), steps=8, context_len=32,
                        prefill_counts=(1, 2, 4, 8, 16), prefill_len=256,
-                       grid_batches=(1, 4, 16), grid_contexts=(256, 1536), grid_kv_tokens=24576),
+                       grid_batches=(1, 4, 16), grid_contexts=(256, 1536), grid_kv_tokens=24576,
+                       grid_reps=1),
            "cuda": dict(batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), steps=16, context_len=128,
                         prefill_counts=(1, 2, 4, 8, 16, 32), prefill_len=1024,
                         grid_batches=(1, 4, 16, 64), grid_contexts=(256, 2048, 8192),
-                        grid_kv_tokens=262144)},
+                        grid_kv_tokens=262144, grid_reps=3)},
     "04": {"quick": dict(num_requests=16, max_num_seqs=4, input_len=(16, 64), output_len=(2, 32),
                          load=0.8),
            "cpu": dict(num_requests=32, max_num_seqs=8, input_len=(32, 128), output_len=(4, 96),
