@@ -105,7 +105,7 @@ class ModelRunner(Executor):
         self.graphs = None
         if self.device.type == "cuda" and not ecfg.enforce_eager:
             from nanoserve.engine.cuda_graphs import CudaGraphRunner
-            self.graphs = CudaGraphRunner(self, ecfg.cuda_graph_batch_sizes)
+            self.graphs = CudaGraphRunner(self, ecfg.cuda_graph_batch_sizes, ecfg.max_num_seqs)
 
     def prepare(self, seqs: list[ScheduledSeq]):
         """-> input_ids (T,), positions (T,), AttentionMetadata, logits_indices (S,)."""
@@ -160,6 +160,10 @@ class ModelRunner(Executor):
         if isinstance(model, str):
             runner.model_name = os.path.basename(os.path.normpath(model)) if folder else model
         return runner
+
+    def compile_or_warm_up_model(self, config: EngineConfig) -> None:
+        if self.graphs is not None:
+            self.graphs.ensure(config.max_num_seqs)  # an engine of more max_num_seqs: more graphs
 
     @property
     def num_kv_blocks(self) -> int:
