@@ -47,6 +47,9 @@ print("compiled")
 def test_attention_kernels_compile_for_sm90():
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed (pip has it for Linux only)")
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the other kernel tests compile and run the kernels on it")
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
