@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 
 SHAPES = [("decode", 64, 320), ("decode", 1, 128), ("prefill", 8, 256)]
-PARTS = ("linear", "attention", "norm", "rope", "cache write", "other")
+PARTS = ("linear", "attention", "norm", "rope", "cache write", "other", "host")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -72,7 +73,9 @@ def summarise(rows: list[dict]) -> list[dict]:
         rs = [r for r in rows if (r["version"], r["dtype"], r["shape"]) == (version, dtype, shape)]
         out.append(dict(version=version, dtype=dtype, shape=shape, rounds=len(rs),
                         step_ms=statistics.median(r["step_ms"] for r in rs),
-                        parts_ms={p: statistics.median(r["parts_ms"][p] for r in rs) for p in PARTS},
+                        # an older checkout has no "host" (its "other" holds it): nan, shown as -
+                        parts_ms={p: statistics.median(r["parts_ms"].get(p, math.nan) for r in rs)
+                                  for p in PARTS},
                         load=[round(r["load_before"], 2) for r in rs]))
     return out
 
@@ -89,7 +92,8 @@ def markdown(summary: list[dict], info: dict, rounds: int) -> str:
              "| dtype | shape | version | step | " + " | ".join(PARTS) + " | outside linear | load |",
              "|---|---|---|---:|" + "---:|" * len(PARTS) + "---:|---|"]
     for s in summary:
-        cells = " | ".join(f"{s['parts_ms'][p]:.1f} ({100 * s['parts_ms'][p] / s['step_ms']:.0f}%)"
+        cells = " | ".join("-" if math.isnan(s["parts_ms"][p]) else
+                           f"{s['parts_ms'][p]:.1f} ({100 * s['parts_ms'][p] / s['step_ms']:.0f}%)"
                            for p in PARTS)
         outside = 1 - s["parts_ms"]["linear"] / s["step_ms"]
         lines.append(f"| {s['dtype']} | {s['shape']} | {s['version']} | {s['step_ms']:.1f} | {cells} "

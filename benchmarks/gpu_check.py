@@ -6,15 +6,20 @@ Sections, in order (each guarded: an error or a skip is recorded, and the run mo
   equivalence      tiny random Llama and Qwen2 saved by transformers, fp32: nanoserve greedy (CUDA
                    graphs and eager) == HF generate, token for token; bf16 logit errors as info
   ceilings         copy bandwidth (bytes read + written), matmul TFLOP/s (roofline.measure_ceilings)
-  nanoserve_*      preset:qwen2.5-0.5b, bf16: decode B=1/8/32/128, prefill 128-8192 tokens, offline
-                   256 requests (lengths uniform in 100-1024, seed 0, EOS ignored); *_eager_*: the
-                   same with enforce_eager (no CUDA graphs)
-  lesson_05        lesson 05's experiment at its GPU size (Llama-3.2-1B shapes, 32 decoders, 8192-token
-                   prompts): decoder ITL and long-prompt TTFT without chunking and at each token budget
+  nanoserve_*      preset:qwen2.5-0.5b, bf16: decode B=1/8/32/128 (CUDA graphs of every size up to
+                   max_num_seqs), prefill 128-8192 tokens (flash prefill kernel; *_sdpa: the reference
+                   attention, SDPA, in its place), offline 256 requests (lengths uniform in 100-1024,
+                   seed 0, EOS ignored); *_eager_*: the same with enforce_eager (no CUDA graphs)
+  prefill_attention  attention alone at 128-8192 tokens: flash kernel, reference, plain SDPA (MFU)
   nanoserve_decode_8b  batch-1 and batch-8 decode on Llama-3-8B shapes (bf16, 16 GB of weights): the
                    bandwidth utilisation a decode step reaches when the weights, not the host, dominate
+  lesson_00..03, lesson_05  each lesson's experiment at its GPU size (Llama-3.2-1B shapes) through the
+                   calls its cells make; their series are written as the lessons' GPU reference data,
+                   reference_data/<gpu>.json beside the JSON (copy it to nanoserve/course/reference_data/)
   hf_*             HF transformers on the same weights: generate (decode, prefill, static batches
-                   offline), continuous batching (hf_continuous)
+                   offline), with a static cache (hf_decode_static) and torch.compile on top
+                   (hf_decode_compiled: the fair peer), continuous batching (hf_continuous)
+More sections live in gpu_check_sections.py.
 Achieved GB/s and TFLOP/s count the compulsory bytes and FLOPs of each step (measure/roofline.py's
 step_cost); the summary divides them by the measured copy bandwidth and bf16 matmul peak (MBU, MFU)
 and by the datasheet's HBM bandwidth.
@@ -29,10 +34,13 @@ first H200 run, 2026-11-30: 544 s; the machine started in about 30 s):
                 "python3 benchmarks/gpu_check.py --budget-s 540 --out $OUT/ 2>&1 | tee $OUT/gpu_check.log",
         timeout_s=590)
 
-then give_back unless a group failed: `--groups big,hf` reruns only those (the machine stays warm
-for 30 s after a call). Copy gpu-<date>-<gpu>.json from files_at into benchmarks/results/. The
-run stays inside --budget-s plus at most 20 s. HF's offline sections need more than their caps at
-these sizes (its generate took 70-93 ms a step on the H200), so they come last.
+then give_back unless a group failed: `--groups big,hf` reruns only those, by group name (the
+machine stays warm for 30 s after a call); each group has its own time cap (GROUPS), and the
+groups run in order of what matters most, so a spent budget skips the last (HF's offline and
+continuous batching, which need more than their caps at these sizes: its generate took 70-93 ms a
+step on the H200). Copy gpu-<date>-<gpu>.json and reference_data/ from files_at into
+benchmarks/results/ and nanoserve/course/reference_data/. The run stays inside --budget-s plus at
+most 20 s.
 On a CPU (CI, tests/test_gpu_check.py), every section end to end with tiny shapes:
 
     python benchmarks/gpu_check.py --dry-run --out /tmp/gpu.json
@@ -59,25 +67,32 @@ from datetime import datetime, timezone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import gpu_check_sections as more  # noqa: E402  (beside this file)
 
 GROUPS = {  # child process -> (its time limit on a GPU, {its sections in order: least seconds to start one})
     "kernels": (150, {"kernel_tests": 30}),
     "check": (70, {"equivalence": 10, "ceilings": 5}),
-    "nanoserve": (170, {"nanoserve_decode": 15, "nanoserve_prefill": 8, "nanoserve_offline": 25,
-                        "nanoserve_eager_decode": 15, "nanoserve_eager_offline": 30}),
-    "lesson": (100, {"lesson_05": 30}),
-    "big": (70, {"nanoserve_decode_8b": 40}),
-    "hf": (130, {"hf_decode": 15, "hf_prefill": 8, "hf_offline_static": 40}),
+    "nanoserve": (150, {"nanoserve_decode": 15, "nanoserve_prefill": 8, "nanoserve_prefill_sdpa": 8,
+                        "nanoserve_offline": 25, "nanoserve_eager_decode": 15}),
+    "attention": (30, {"prefill_attention": 10}),
+    "big": (60, {"nanoserve_decode_8b": 40}),
+    "lessons": (120, {"lesson_00": 10, "lesson_01": 20, "lesson_02": 15, "lesson_03": 30}),
+    "lesson": (90, {"lesson_05": 30}),
+    "hf": (110, {"hf_decode": 10, "hf_decode_static": 15, "hf_prefill": 8, "hf_decode_compiled": 50}),
+    "hf_offline": (60, {"nanoserve_eager_offline": 30, "hf_offline_static": 25}),
     "hf_cb": (90, {"hf_continuous": 30}),
 }
 SECTIONS = [s for _, needs in GROUPS.values() for s in needs]
 SHAPES = {
     "gpu": dict(model="preset:qwen2.5-0.5b", dtype="bfloat16", decode_batches=[1, 8, 32, 128],
                 decode_steps=64, prompt_len=128, prefill_lens=[128, 512, 2048, 8192], reps=3,
+                attn_lens=[128, 256, 512, 1024, 2048, 4096, 8192],
                 n_requests=256, len_range=(100, 1024), hf_batch=256, kv_bytes=16 << 30, max_seqs=256,
-                max_batched=8192, max_model_len=8448, graph_sizes=[1, 2, 4, 8, 16, 32, 64, 128, 256]),
+                max_batched=8192, max_model_len=8448, graph_sizes=None),  # None: vLLM's list (all)
     "dry": dict(model="preset:tiny", dtype="bfloat16", decode_batches=[1, 4], decode_steps=4, prompt_len=16,
-                prefill_lens=[16, 48], reps=2, n_requests=6, len_range=(4, 16), hf_batch=4,
+                prefill_lens=[16, 48], attn_lens=[16, 64], reps=2, n_requests=6, len_range=(4, 16),
+                hf_batch=4,
                 kv_bytes=64 << 20, max_seqs=16, max_batched=256, max_model_len=512, graph_sizes=[1, 2, 4],
                 kernel_k="constant_vector or known_angles"),  # Triton's interpreter: a small subset
 }
@@ -428,6 +443,7 @@ def sec_lesson_05(ctx):
         ctx.fig(f"{key}_decoder_itl_p99", row["decoder ITL p99 (ms)"], "ms")
         ctx.fig(f"{key}_long_ttft_median", row["long TTFT median (ms)"], "ms")
     ctx.info(table=rows)
+    more.lesson_05_reference(ctx, sizes, runs)
     ctx.fig("lesson_seconds", time.perf_counter() - t, "s (load, probes and every run)")
 
 
@@ -537,6 +553,11 @@ SECTION_FNS = {
     "nanoserve_eager_decode": lambda c: nanoserve_decode(c, True),
     "nanoserve_eager_offline": lambda c: nanoserve_offline(c, True), "lesson_05": sec_lesson_05,
     "nanoserve_decode_8b": sec_nanoserve_decode_8b, "hf_decode": sec_hf_decode,
+    "nanoserve_prefill_sdpa": lambda c: more.sec_nanoserve_prefill_sdpa(c, prefill_sweep),
+    "prefill_attention": more.sec_prefill_attention,
+    **{f"lesson_{n}": (lambda c, n=n: more.sec_lesson(c, n)) for n in ("00", "01", "02", "03")},
+    "hf_decode_static": lambda c: more.sec_hf_decode_static(c, decode_sweep, compiled=False),
+    "hf_decode_compiled": lambda c: more.sec_hf_decode_static(c, decode_sweep, compiled=True),
     "hf_prefill": sec_hf_prefill, "hf_offline_static": sec_hf_offline_static,
     "hf_continuous": sec_hf_continuous,
 }
@@ -622,11 +643,22 @@ def summary(sections: dict, gpu: str | None = None) -> dict:
         fig = f"decode_B{B}_tokens_per_s"
         pairs[f"decode_B{B}_nanoserve_over_hf"] = ("nanoserve_decode", "hf_decode", fig)
         pairs[f"decode_B{B}_graphs_over_eager"] = ("nanoserve_decode", "nanoserve_eager_decode", fig)
-    out = {name: {"value": float(f"{value(a, fig) / value(b, fig):.4g}"), "unit": "x"}
-           for name, (a, b, fig) in pairs.items() if value(a, fig) and value(b, fig)}
+        pairs[f"decode_B{B}_nanoserve_over_hf_static"] = ("nanoserve_decode", "hf_decode_static", fig)
+        pairs[f"decode_B{B}_nanoserve_over_hf_compiled"] = ("nanoserve_decode", "hf_decode_compiled", fig)
+    for P in sorted({*SHAPES["gpu"]["prefill_lens"], *SHAPES["dry"]["prefill_lens"]}):
+        fig = f"prefill_{P}_tokens_per_s"
+        pairs[f"prefill_{P}_flash_over_sdpa"] = ("nanoserve_prefill", "nanoserve_prefill_sdpa", fig)
+        pairs[f"prefill_{P}_nanoserve_over_hf"] = ("nanoserve_prefill", "hf_prefill", fig)
+    for L in sorted({*SHAPES["gpu"]["attn_lens"], *SHAPES["dry"]["attn_lens"]}):
+        fig = (f"attn_{L}_flash_TFLOPs", f"attn_{L}_sdpa_TFLOPs")
+        pairs[f"attn_{L}_flash_over_sdpa"] = ("prefill_attention", "prefill_attention", fig)
+    figs = {name: (fig, fig) if isinstance(fig, str) else fig for name, (_, _, fig) in pairs.items()}
+    out = {name: {"value": float(f"{value(a, figs[name][0]) / value(b, figs[name][1]):.4g}"), "unit": "x"}
+           for name, (a, b, _) in pairs.items() if value(a, figs[name][0]) and value(b, figs[name][1])}
     copy, peak = value("ceilings", "copy_bandwidth"), value("ceilings", "matmul_bfloat16")
     hbm = next((bw / 1e9 for key, bw in HBM_DATASHEET.items() if gpu and key in gpu), None)
-    for sec in ("nanoserve_decode", "nanoserve_eager_decode", "hf_decode", "nanoserve_decode_8b"):
+    for sec in ("nanoserve_decode", "nanoserve_eager_decode", "hf_decode", "hf_decode_static",
+                "hf_decode_compiled", "nanoserve_decode_8b"):
         for fig, v in sections.get(sec, {}).get("figures", {}).items():
             if fig.endswith("GBps"):
                 stem = f"{sec}_{fig.removesuffix('_GBps').removeprefix('decode_')}"
@@ -634,7 +666,7 @@ def summary(sections: dict, gpu: str | None = None) -> dict:
                                             (hbm, "of_hbm_datasheet", "of the datasheet's HBM bandwidth")]:
                     if ceiling:
                         out[f"{stem}_{name}"] = {"value": float(f"{v['value'] / ceiling:.4g}"), "unit": unit}
-    for sec in ("nanoserve_prefill", "hf_prefill"):
+    for sec in ("nanoserve_prefill", "nanoserve_prefill_sdpa", "hf_prefill"):
         for fig, v in sections.get(sec, {}).get("figures", {}).items():
             if fig.endswith("TFLOPs") and peak:
                 out[f"{sec}_{fig.removesuffix('_TFLOPs').removeprefix('prefill_')}_mfu"] = {
@@ -704,6 +736,11 @@ def run_parent(args) -> int:
         result["elapsed_s"] = round(time.time() - t0, 1)
         write_json(out, result)
     result["summary"] = summary(result["sections"], result["env"].get("gpu"))
+    try:
+        result["lesson_reference_data"] = more.write_lesson_references(result["sections"], gpu, out,
+                                                                       args.dry_run)
+    except Exception as e:  # the figures above are kept whatever happens here
+        result["lesson_reference_data"] = f"not written: {type(e).__name__}: {e}"
     write_json(out, result)
     print_table(result)
     return 0

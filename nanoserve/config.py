@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from nanoserve.errors import InvalidRequest, as_int, as_real
 
@@ -133,7 +133,8 @@ class EngineConfig:
     scheduling_policy: str = "continuous"  # "continuous" | "static"
     priority: str = "decode"  # without chunking: "decode" (running first) | "prefill" (admit first)
     record_trace: bool = True  # keep a per-step trace on the engine
-    cuda_graph_batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    # CUDA: decode batch sizes to capture; None: vLLM's list up to max_num_seqs (cuda_graphs.py)
+    cuda_graph_batch_sizes: list[int] | None = None
     enforce_eager: bool = False  # CUDA: skip CUDA-graph capture
     compile: bool = False  # wrap the model in torch.compile
 
@@ -184,13 +185,14 @@ class EngineConfig:
               "'continuous' or 'static'")
         check("priority", self.priority in ("decode", "prefill"), "'decode' or 'prefill'")
         sizes = self.cuda_graph_batch_sizes
-        try:
-            sizes = [as_int("cuda_graph_batch_sizes", b) for b in sizes]
-        except (InvalidRequest, TypeError):
-            sizes = None
-        check("cuda_graph_batch_sizes", sizes is not None and all(b >= 1 for b in sizes),
-              "a list of integers >= 1")
-        self.cuda_graph_batch_sizes = sizes
+        if sizes is not None:
+            try:
+                sizes = [as_int("cuda_graph_batch_sizes", b) for b in sizes]
+            except (InvalidRequest, TypeError):
+                sizes = None
+            check("cuda_graph_batch_sizes", sizes is not None and all(b >= 1 for b in sizes),
+                  "None or a list of integers >= 1")
+            self.cuda_graph_batch_sizes = sizes
 
     def max_model_len_for(self, model_config: ModelConfig) -> int:
         """max_model_len, or the model's max_position_embeddings; never beyond the latter."""

@@ -85,13 +85,35 @@ def measure(lesson: str, quick: bool) -> dict:
         llm = setup.load_llm(S["model"])
         s = scenarios.interference_setup(llm, S["num_decoders"], S["long_prompt_len"], S["num_long"],
                                          min_budget=min(S["budgets"]))
-        runs = scenarios.interference_grid(llm, s, S["budgets"], progress=False)
-        series["budget"] = [(r.label, 1e3 * float(r.decoder_itls().max()),
-                             1e3 * float(np.percentile(r.decoder_itls(), 99)),
-                             1e3 * float(np.median(r.long_ttfts()))) for r in runs]
+        series["budget"] = budget_series(scenarios.interference_grid(llm, s, S["budgets"], progress=False))
     else:
         raise ValueError(f"no reference series for lesson {lesson!r}; choose from 00 01 02 03 05")
     return {"sizes": S, "series": series}
+
+
+def budget_series(runs) -> list:
+    """Lesson 05's series: (label, decoder ITL max, p99, long-prompt TTFT median), ms, per run."""
+    import numpy as np
+    return [(r.label, 1e3 * float(r.decoder_itls().max()), 1e3 * float(np.percentile(r.decoder_itls(), 99)),
+             1e3 * float(np.median(r.long_ttfts()))) for r in runs]
+
+
+def reference_file(machine: str, modes: dict, load: dict, cpu_flags_text: str = "") -> dict:
+    """The reference file's contents (what course.reference reads) for measured `modes`."""
+    import torch
+
+    from nanoserve.config import default_device
+    from nanoserve.course.setup import device_kind
+    from nanoserve.measure.ceilings import device_name
+    return {"machine": machine, "device_kind": device_kind(), "device_name": device_name(default_device()),
+            "cpu_flags": cpu_flags_text, "cpus": os.cpu_count(), "date": datetime.date.today().isoformat(),
+            "versions": {"python": platform.python_version(), "torch": torch.__version__},
+            "load": load, "modes": modes}
+
+
+def write_reference(path: Path, ref: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(compact(json.dumps(rounded(ref), indent=1)) + "\n")
 
 
 def main(argv=None) -> int:
@@ -104,10 +126,7 @@ def main(argv=None) -> int:
     import psutil
     import torch
 
-    from nanoserve.config import default_device
     from nanoserve.course import reference
-    from nanoserve.course.setup import device_kind
-    from nanoserve.measure.ceilings import device_name
     key = re.sub(r"[^a-z0-9]+", "-", args.name.lower()).strip("-")
     path = reference.DATA / f"{key}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
@@ -133,18 +152,13 @@ def main(argv=None) -> int:
             busy += p.cpu_percent(None)
         except psutil.Error:
             pass
-    ref = {"machine": args.name, "device_kind": device_kind(), "device_name": device_name(default_device()),
-           "cpu_flags": cpu_flags(), "cpus": os.cpu_count(),
-           "date": datetime.date.today().isoformat(),
-           "versions": {"python": platform.python_version(), "torch": torch.__version__},
-           "load": {"loadavg_before": [round(x, 2) for x in before],
-                    "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-                    "other_processes_cpu_percent": round(busy, 1),
-                    "note": "100 = one core busy with other work throughout; the machine has "
-                            f"{os.cpu_count()} cores"},
-           "modes": modes}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(compact(json.dumps(rounded(ref), indent=1)) + "\n")
+    ref = reference_file(args.name, modes, {
+        "loadavg_before": [round(x, 2) for x in before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "other_processes_cpu_percent": round(busy, 1),
+        "note": f"100 = one core busy with other work throughout; the machine has {os.cpu_count()} cores"},
+        cpu_flags())
+    write_reference(path, ref)
     print(f"wrote {path.relative_to(ROOT)}; load before {before}, after {os.getloadavg()}, "
           f"other processes {busy:.0f}% CPU")
     return 0

@@ -72,6 +72,18 @@ def test_dry_run_reports_every_section_with_units(tmp_path):
     mbu = result["summary"]["nanoserve_decode_B1_mbu"]
     assert 0 < mbu["value"] < 1.5 and "copy bandwidth" in mbu["unit"]
     assert 0 < result["summary"]["nanoserve_prefill_48_mfu"]["value"] < 1.5
+    assert "prefill_48_flash_over_sdpa" in result["summary"]  # (the reference kernels on a CPU)
+    assert secs["prefill_attention"]["figures"]["attn_64_sdpa_TFLOPs"]["value"] > 0
+    for sec in ("hf_decode_static", "hf_decode_compiled"):
+        assert secs[sec]["figures"]["decode_B1_tokens_per_s"]["value"] > 0
+    # every lesson measured is written as reference data the lessons' figures read
+    from nanoserve.course import reference
+    folder = Path(result["lesson_reference_data"]).parent
+    for lesson, key in [("00", "linear"), ("01", "prefill"), ("02", "cache"), ("03", "decode_batch"),
+                        ("05", "budget")]:
+        assert secs[f"lesson_{lesson}"]["figures"]["lesson_seconds"]["value"] > 0
+        found = reference.series(lesson, key, device="cpu", quick=True, folder=folder)
+        assert found is not None and len(found[1]) > 0, (lesson, key)
     for line in ("kernel_tests", "passed", "tokens/s", "GB/s", "TFLOP/s", "ms"):
         assert line in stdout, f"the printed table lacks {line!r}"
 

@@ -49,3 +49,21 @@ def test_refuses_what_it_cannot_time(llm):
             step_profile(llm, 1, 8)
     finally:
         llm.engine.abort(rid)
+
+
+def test_host_is_the_step_outside_the_model(llm, monkeypatch):
+    """Work the engine does around the model (here a scheduler slowed by 20 ms a step) is host,
+    not model time."""
+    import time
+    base = step_profile(llm, 2, 8, steps=3)
+    assert 0 < base.parts_ms["host"] < base.step_ms
+    schedule = llm.engine.scheduler.schedule
+
+    def slow(*args, **kwargs):
+        time.sleep(0.02)
+        return schedule(*args, **kwargs)
+
+    monkeypatch.setattr(llm.engine.scheduler, "schedule", slow)
+    p = step_profile(llm, 2, 8, steps=3)
+    assert p.parts_ms["host"] >= base.parts_ms["host"] + 19
+    assert p.parts_ms["other"] < base.parts_ms["other"] + 10

@@ -52,6 +52,10 @@ class Executor(abc.ABC):
         """Run one step. -> {request_id: sampled token} for the sequences with `sample` set.
         Raises RequestFailed for a failure tied to some requests (see the module docstring)."""
 
+    def compile_or_warm_up_model(self, config) -> None:
+        """Get ready to run steps of an engine with this EngineConfig, before its first step
+        (vLLM's name; the ModelRunner captures CUDA graphs up to its max_num_seqs). Default: nothing."""
+
     def finish_requests(self, request_ids: Iterable[str]) -> None:
         """Drop per-request state of requests that left the engine. Default: none kept."""
 

@@ -97,6 +97,7 @@ class LLMEngine:
             raise ValueError(f"num_kv_blocks={num_blocks} exceeds the {held} blocks the executor "
                              "allocated; load the model with a larger cache")
         self.config, self.clock, self.executor = config, clock, executor
+        executor.compile_or_warm_up_model(config)
         self.model_config = executor.model_config
         self.max_model_len = config.max_model_len_for(self.model_config)
         self.num_kv_blocks = num_blocks

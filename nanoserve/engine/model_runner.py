@@ -11,7 +11,6 @@ the forward and the prompts handed off this step are saved after it (kv_connecto
 
 from __future__ import annotations
 
-import itertools
 import os
 
 import torch
@@ -19,6 +18,7 @@ import torch
 from nanoserve.config import EngineConfig, ModelConfig, default_device
 from nanoserve.engine.cpu_malloc import keep_freed_memory
 from nanoserve.engine.executor import Executor, RequestFailed
+from nanoserve.engine.input_buffers import InputBuffers
 from nanoserve.engine.kv_cache import allocate_kv_cache, kv_bytes_per_block, num_blocks_in
 from nanoserve.engine.kv_connector import KVConnectorRole
 from nanoserve.engine.kv_transport import KVLayout
@@ -27,7 +27,6 @@ from nanoserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from nanoserve.engine.shm_connector import make_kv_connector
 from nanoserve.engine.tokenizer import load_tokenizer
 from nanoserve.errors import InvalidRequest, as_int
-from nanoserve.kernels import AttentionMetadata
 
 
 def num_kv_blocks_for(ecfg: EngineConfig, mcfg: ModelConfig, dtype, device, max_model_len: int) -> int:
@@ -102,37 +101,16 @@ class ModelRunner(Executor):
         self.block_size = ecfg.block_size
         self.kv_caches = allocate_kv_cache(mcfg, num_blocks, ecfg.block_size, dtype, device)
         self.sampler = Sampler(device, seed)
+        self.inputs = InputBuffers(device, ecfg.block_size)
         self.graphs = None
         if self.device.type == "cuda" and not ecfg.enforce_eager:
             from nanoserve.engine.cuda_graphs import CudaGraphRunner
-            self.graphs = CudaGraphRunner(self, ecfg.cuda_graph_batch_sizes)
+            self.graphs = CudaGraphRunner(self, ecfg.cuda_graph_batch_sizes, ecfg.max_num_seqs)
 
     def prepare(self, seqs: list[ScheduledSeq]):
-        """-> input_ids (T,), positions (T,), AttentionMetadata, logits_indices (S,)."""
-        dev, bs = self.device, self.block_size
-        lens = [len(s.token_ids) for s in seqs]
-        qsl = [0, *itertools.accumulate(lens)]
-        seq_lens = [s.start + n for s, n in zip(seqs, lens)]
-        input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)),
-                                 dtype=torch.long)
-        starts = torch.tensor([s.start for s in seqs])
-        if qsl[-1] == len(seqs):  # one token each (decode): each is its own sequence's
-            seq_idx, positions = torch.arange(len(seqs)), starts
-        else:
-            seq_idx = torch.repeat_interleave(torch.arange(len(seqs)), torch.tensor(lens))  # (T,) owner
-            positions = torch.arange(qsl[-1]) - torch.tensor(qsl[:-1])[seq_idx] + starts[seq_idx]  # (T,)
-        width = max(len(s.block_ids) for s in seqs)
-        block_tables = torch.tensor([s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs],
-                                    dtype=torch.int32)  # (B, max_blocks)
-        slots = block_tables[seq_idx, positions // bs].long() * bs + positions % bs  # (T,)
-        attn = AttentionMetadata(
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32).to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(dev),
-            block_tables=block_tables.to(dev), slot_mapping=slots.to(dev),
-            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens,
-            num_decodes=next((i for i, n in enumerate(lens) if n > 1), len(lens)))
-        logits_indices = [qsl[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
-        return input_ids.to(dev), positions.to(dev), attn, logits_indices
+        """-> input_ids (T,), positions (T,), AttentionMetadata, logits_indices (S,): views of
+        persistent buffers, valid until the next step (input_buffers.py)."""
+        return self.inputs.prepare(seqs)
 
     @classmethod
     def load(cls, model: str | ModelConfig | None, device: str | None, dtype: str | None,
@@ -160,6 +138,10 @@ class ModelRunner(Executor):
         if isinstance(model, str):
             runner.model_name = os.path.basename(os.path.normpath(model)) if folder else model
         return runner
+
+    def compile_or_warm_up_model(self, config: EngineConfig) -> None:
+        if self.graphs is not None:
+            self.graphs.ensure(config.max_num_seqs)  # an engine of more max_num_seqs: more graphs
 
     @property
     def num_kv_blocks(self) -> int:
@@ -206,7 +188,7 @@ class ModelRunner(Executor):
             hidden = self.graphs.run(input_ids, positions, attn)
         else:
             hidden = self.forward(input_ids, positions, self.kv_caches, attn)  # (T, hidden)
-        if not logits_indices:
+        if not logits_indices.numel():
             return {}
         logits = self.model.compute_logits(hidden[logits_indices])  # (S, vocab)
         sampling = [s for s in seqs if s.sample]

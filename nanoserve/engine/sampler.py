@@ -37,6 +37,8 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.request_generators: dict[str, torch.Generator] = {}
+        self._host: torch.Tensor | None = None  # pinned buffer the sampled ids arrive in (CUDA)
+        self._arrived = torch.cuda.Event() if torch.device(device).type == "cuda" else None
 
     def forget(self, request_id: str) -> None:
         self.request_generators.pop(request_id, None)
@@ -45,10 +47,10 @@ class Sampler:
                  request_ids: list[str]) -> list[int]:
         """logits: (N, vocab) fp32, one row per sampling request. -> N token ids. Raises
         RequestFailed naming the requests whose draw failed, with the others' tokens."""
-        tokens = argmax(logits).tolist()  # greedy rows keep these
+        tokens = argmax(logits)  # (N,) greedy rows keep these
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if not rows:
-            return tokens
+            return self._to_host(tokens)
         x = logits[rows] / torch.tensor([params[i].temperature for i in rows],
                                         device=logits.device)[:, None]  # (S, vocab)
         probs = self._top_k_top_p(x, [params[i] for i in rows]).softmax(-1)  # (S, vocab)
@@ -62,12 +64,26 @@ class Sampler:
                     noise[j].exponential_(generator=self._gen(request_ids[i], params[i]))
                 except Exception as exc:  # this request's draw only: the others keep theirs
                     errors[request_ids[i]] = f"sampling failed: {type(exc).__name__}: {exc}"
-        for i, t in zip(rows, (probs / noise).argmax(-1).tolist()):
-            tokens[i] = t
+        tokens[torch.tensor(rows, device=tokens.device)] = (probs / noise).argmax(-1)
+        tokens = self._to_host(tokens)
         if errors:
             raise RequestFailed(errors, {rid: t for rid, t in zip(request_ids, tokens)
                                          if rid not in errors})
         return tokens
+
+    def _to_host(self, tokens: torch.Tensor) -> list[int]:
+        """The step's one device-to-host transfer: on CUDA an asynchronous copy into pinned
+        memory, waited for by an event; on a CPU the ids are already here."""
+        if self._arrived is None:
+            return tokens.tolist()
+        n = tokens.numel()
+        if self._host is None or self._host.numel() < n:
+            self._host = torch.empty(max(n, 256), dtype=torch.long, pin_memory=True)
+        host = self._host[:n]
+        host.copy_(tokens, non_blocking=True)
+        self._arrived.record()
+        self._arrived.synchronize()
+        return host.tolist()
 
     def _gen(self, request_id: str, p: SamplingParams) -> torch.Generator:
         """The generator of a seeded request, made from its seed on its first draw."""

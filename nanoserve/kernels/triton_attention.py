@@ -1,9 +1,11 @@
 """Paged attention in Triton: a flash-attention loop that reads K/V through the block table.
 
 Same contract as `reference.paged_attention`: one call handles a flattened mixed batch of
-prefill chunks and decode tokens. Each query token sits at position seq_len - q_len + j and
-attends causally over its sequence's cached prefix and the chunk so far; query heads share a
-kv head in groups (GQA).
+prefill chunks and decode tokens. The leading single-token queries (decodes; the only rows in
+a CUDA graph) run in the kernel below, which packs a kv head's query heads into one tile; the
+sequences after them (prefill chunks) in the flash prefill kernel (triton_prefill.py).
+Each query token sits at position seq_len - q_len + j and attends causally over its
+sequence's cached prefix and the chunk so far; query heads share a kv head in groups (GQA).
 
 Left out on purpose: split-KV ("flash-decoding") for long decode contexts, FP8 caches,
 sliding windows, ALiBi, autotuning. On CPU this runs only under TRITON_INTERPRET=1.
@@ -14,6 +16,7 @@ import triton
 import triton.language as tl
 
 from nanoserve.kernels.metadata import AttentionMetadata
+from nanoserve.kernels.triton_prefill import flash_prefill
 
 BLOCK_N = 32  # keys per inner-loop step; independent of the cache's block_size
 
@@ -101,13 +104,16 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     qsl = attn.query_start_loc_cpu  # the grid's size is a host number: CUDA graphs pass it fixed
     if qsl is None:
         qsl = query_start_loc.tolist()
-    max_q_len = max(qsl[i + 1] - qsl[i] for i in range(num_seqs))
-
+    D = attn.decode_count(qsl)  # leading single-token queries here; the rest: the flash kernel
+    if D < num_seqs:
+        flash_prefill(q, k_cache, v_cache, out, query_start_loc[D:], seq_lens[D:], block_tables[D:],
+                      qsl[num_seqs] - qsl[D], scale)
+    if D == 0:
+        return out
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
-    block_m = 64 if max_q_len > 1 else 16  # rows per tile; tl.dot on a GPU needs >= 16
-    block_q = max(1, block_m // group_pad)  # query tokens per tile
-    grid = (num_seqs, triton.cdiv(max_q_len, block_q), num_kv_heads)
+    block_q = max(1, 16 // group_pad)  # 16 rows a tile at least: tl.dot on a GPU needs them
+    grid = (D, 1, num_kv_heads)  # one query token per sequence: one tile
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),

@@ -6,8 +6,10 @@ context_len tokens) and splits each step's wall time into
 - linear: every weight matmul (q/k/v, o, gate/up, down) and the lm_head,
 - attention: `paged_attention` (gathering K/V out of the paged cache, then softmax(QK^T)V),
 - norm, rope, cache write: three more kernels of the kernel namespace,
-- other: the rest (the MLP's silu_and_mul, residual adds, embedding, sampling, batch
-  preparation, scheduling, Python and op dispatch).
+- other: the rest of the model's forward (the MLP's silu_and_mul, residual adds, embedding,
+  Python and op dispatch),
+- host: the step outside the model (scheduling, preparing the input tensors, sampling and its
+  bookkeeping, building the outputs): what a GPU step adds on the CPU, around its kernels.
 Timing wraps the model's Linear modules and kernels with wall-clock timers (adding a few
 microseconds per call), so it holds only where ops run synchronously: the CPU. On a GPU the split
 would time kernel launches, not kernels. Prompts are fresh random tokens: no prefix-cache hits.
@@ -27,7 +29,7 @@ from nanoserve.kernels import kernel_ops
 from nanoserve.kernels.cpu_gemm import PackedLinear
 from nanoserve.sampling_params import SamplingParams
 
-PARTS = ("linear", "attention", "norm", "rope", "cache write", "other")
+PARTS = ("linear", "attention", "norm", "rope", "cache write", "other", "host")
 _KERNEL_PART = {"paged_attention": "attention", "rms_norm": "norm", "rotary_embedding": "rope",
                 "reshape_and_cache": "cache write"}
 
@@ -68,13 +70,15 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
     if context_len + steps + 1 > engine.max_model_len:
         raise ValueError(f"context_len={context_len} + {steps} steps exceeds "
                          f"max_model_len={engine.max_model_len}")
-    model, spent, t0 = engine.model, dict.fromkeys(PARTS, 0.0), {}
+    # "model": seconds in the model's forward and its lm_head (the step minus host)
+    model, spent, t0 = engine.model, dict.fromkeys((*PARTS, "model"), 0.0), {}
 
-    def timed(fn, part):
+    def timed(fn, *parts):
         def wrapper(*args, **kwargs):
             t = time.perf_counter()
             out = fn(*args, **kwargs)
-            spent[part] += time.perf_counter() - t
+            for part in parts:
+                spent[part] += time.perf_counter() - t
             return out
         return wrapper
 
@@ -83,6 +87,12 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
 
     def stop(module, args, out):
         spent["linear"] += time.perf_counter() - t0[id(module)]
+
+    def forward_start(module, args):
+        t0["model"] = time.perf_counter()
+
+    def forward_stop(module, args, out):
+        spent["model"] += time.perf_counter() - t0["model"]
 
     old_ops = next(m.ops for m in model.modules() if "ops" in vars(m))
     vocab = engine.model_config.vocab_size
@@ -101,9 +111,10 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
             engine.step()  # untimed: bring every sequence to decoding
         hooks = [h for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))
                  for h in (m.register_forward_pre_hook(start), m.register_forward_hook(stop))]
+        hooks += [model.register_forward_pre_hook(forward_start), model.register_forward_hook(forward_stop)]
         model.set_ops(kernel_ops(old_ops, **{k: timed(getattr(old_ops, k), part)
                                              for k, part in _KERNEL_PART.items()}))
-        model.compute_logits = timed(model.compute_logits, "linear")  # the lm_head
+        model.compute_logits = timed(model.compute_logits, "linear", "model")  # the lm_head
         t = time.perf_counter()
         for _ in range(1 if prefill else steps):
             engine.step()
@@ -116,6 +127,7 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
         for i in ids:
             engine.abort(i)
     n = 1 if prefill else steps
+    spent["host"] = total - spent.pop("model")
     spent["other"] = total - sum(spent.values())
     kind = "prefill" if prefill else "decode"
     return StepProfile(label or f"{kind} batch {batch_size} x {context_len} tokens", n,

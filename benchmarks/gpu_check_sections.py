@@ -1,0 +1,151 @@
+"""gpu_check's sections on the lessons, on prefill attention and on HF's fair baseline.
+
+  lesson_00 .. lesson_03  each lesson's experiment at the sizes it picks on this device, through
+                   the calls its cells make (scripts/reference_results.measure); the series are kept
+                   in the section's info and written as the lessons' reference data of this GPU
+  prefill_attention  the attention of one prompt of 128 to 8192 tokens (the preset's heads, bf16):
+                   the flash prefill kernel (Triton), the torch reference (SDPA through the paged
+                   cache) and SDPA on contiguous K/V; TFLOP/s of the causal half
+  nanoserve_prefill_sdpa  nanoserve's prefill sweep with the reference attention (SDPA) in place
+                   of the flash kernel: the same model, one kernel swapped
+  hf_decode_static, hf_decode_compiled  HF generate with a static KV cache (cache_implementation
+                   "static"), then with its forward in torch.compile (mode "reduce-overhead": CUDA
+                   graphs): HF's own fast path, the fair peer of a graph-replaying engine
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+
+def sec_lesson(ctx, lesson: str) -> None:
+    """The lesson's experiment at its size here (quick sizes in a dry run)."""
+    import reference_results
+    t = time.perf_counter()
+    entry = reference_results.measure(lesson, quick=ctx.dry)
+    for key, points in entry["series"].items():
+        n = len(points) if isinstance(points, list) else sum(len(v) for v in points.values())
+        ctx.fig(f"{key}_points", n, "points")
+    ctx.info(reference=entry)
+    ctx.fig("lesson_seconds", time.perf_counter() - t, "s (load and every measurement)")
+
+
+def lesson_05_reference(ctx, sizes: dict, runs) -> None:
+    """Lesson 05's series, as reference_results measures them, from gpu_check's own run."""
+    import reference_results
+    ctx.info(reference={"sizes": sizes, "series": {"budget": reference_results.budget_series(runs)}})
+
+
+def write_lesson_references(sections: dict, gpu: str, out_json: str, dry: bool) -> str | None:
+    """The lessons' series of this run as a reference-data file beside the JSON
+    (reference_data/<gpu>.json: copy it into nanoserve/course/reference_data/). -> its path."""
+    import re
+    from pathlib import Path
+
+    import reference_results
+    lessons = {name.removeprefix("lesson_"): sec["info"]["reference"] for name, sec in sections.items()
+               if name.startswith("lesson_") and sec["status"] == "ok" and "reference" in sec["info"]}
+    if not lessons:
+        return None
+    import torch
+    ref = reference_results.reference_file(gpu, {"quick" if dry else "full": {
+        lesson: {**entry, "torch_threads": torch.get_num_threads()} for lesson, entry in lessons.items()}},
+        {"note": "measured by benchmarks/gpu_check.py, one section after another"})
+    key = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    path = Path(os.path.dirname(os.path.abspath(out_json))) / "reference_data" / f"{key}.json"
+    reference_results.write_reference(path, ref)
+    return str(path)
+
+
+def sec_prefill_attention(ctx) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from nanoserve.kernels import AttentionMetadata, reference
+    cfg, dtype, dev = ctx.config(), getattr(torch, ctx.S["dtype"]), ctx.dev
+    H, KVH, D, bs = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, 16
+    flash = None
+    if dev == "cuda":
+        from nanoserve.kernels import triton_ops
+        flash = triton_ops.paged_attention
+    ctx.info(heads=H, kv_heads=KVH, head_dim=D, block_size=bs,
+             flash="triton_ops.paged_attention (flash prefill kernel)" if flash else "needs CUDA: skipped")
+    for L in ctx.S["attn_lens"]:
+        if ctx.left() < 5:
+            return ctx.info(skipped_lengths=[n for n in ctx.S["attn_lens"] if n >= L])
+        nb = -(-L // bs)
+        g = torch.Generator(device=dev).manual_seed(L)
+        q = torch.randn(L, H, D, device=dev, dtype=dtype, generator=g)
+        k_cache = torch.randn(nb, bs, KVH, D, device=dev, dtype=dtype, generator=g)
+        v_cache = torch.randn_like(k_cache)
+        attn = AttentionMetadata(torch.tensor([0, L], dtype=torch.int32, device=dev),
+                                 torch.tensor([L], dtype=torch.int32, device=dev),
+                                 torch.randperm(nb, device=dev).int()[None], query_start_loc_cpu=[0, L],
+                                 seq_lens_cpu=[L], num_decodes=0)
+        k, v = (reference.gather_kv(c, attn.block_tables[0], L).transpose(0, 1)[None]
+                for c in (k_cache, v_cache))  # (1, kv_heads, L, head_dim), contiguous for SDPA
+        qs = q.transpose(0, 1)[None]
+        kernels = {"reference": lambda: reference.paged_attention(q, k_cache, v_cache, attn, D ** -0.5),
+                   "sdpa": lambda: F.scaled_dot_product_attention(qs, k, v, is_causal=True, enable_gqa=True)}
+        if flash is not None:
+            kernels["flash"] = lambda: flash(q, k_cache, v_cache, attn, D ** -0.5)
+            want = kernels["sdpa"]()[0].transpose(0, 1).float()
+            ctx.fig(f"attn_{L}_flash_max_abs_err", (kernels["flash"]().float() - want).abs().max(),
+                    "max |flash - sdpa|")
+        flops = 2 * L * L * H * D  # QK^T and PV over the causal half: 2 x (2 L^2 H D) / 2
+        for name, fn in kernels.items():
+            fn()  # warm-up (Triton compiles once per shape class)
+            t = statistics.median(ctx.timed(fn) for _ in range(ctx.S["reps"] + 2))
+            ctx.fig(f"attn_{L}_{name}_ms", t * 1e3, "ms")
+            ctx.fig(f"attn_{L}_{name}_TFLOPs", flops / t / 1e12, "TFLOP/s (causal attention FLOPs / time)")
+
+
+def sec_nanoserve_prefill_sdpa(ctx, prefill_sweep) -> None:
+    from nanoserve import SamplingParams
+    from nanoserve.kernels import reference, use_kernels
+    llm, one = ctx.llm(False), SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    old = use_kernels(llm)  # the kernels in use, to put back
+    use_kernels(llm, paged_attention=reference.paged_attention)
+    try:
+        prefill_sweep(ctx, lambda p: llm.generate([p], one),
+                      "generate(one prompt, max_tokens=1), reference (SDPA) attention: TTFT, median")
+    finally:
+        use_kernels(llm, paged_attention=old.paged_attention)
+
+
+def sec_hf_decode_static(ctx, decode_sweep, compiled: bool) -> None:
+    import torch
+    from transformers import LogitsProcessorList
+    hf, stamps = ctx.hf(), []
+
+    def stamp(input_ids, scores):
+        ctx.sync()
+        stamps.append(time.perf_counter())
+        return scores
+
+    def step_times(prompts, n):
+        stamps.clear()
+        ids = torch.tensor(prompts, device=ctx.dev)
+        with torch.no_grad():
+            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                        do_sample=False, pad_token_id=0, cache_implementation="static",
+                        logits_processor=LogitsProcessorList([stamp]))
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+    forward = hf.forward
+    if compiled:  # on a CPU dry run the eager backend: the plumbing, not inductor's minutes
+        hf.forward = torch.compile(forward, fullgraph=True, **(
+            {"backend": "eager"} if ctx.dry else {"mode": "reduce-overhead"}))
+    try:
+        # compiled: batches 1 and 8 only (each batch size compiles again)
+        decode_sweep(ctx, step_times, "median time between generate steps, static cache"
+                     + (", torch.compile(reduce-overhead)" if compiled else ""),
+                     ctx.S["decode_batches"][:1 if ctx.dry else 2] if compiled else None)
+    finally:
+        hf.forward = forward
