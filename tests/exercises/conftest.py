@@ -5,8 +5,9 @@ package; NANOSERVE_IMPL does the same where the option isn't registered (`pytest
 Test modules get the implementation through the `load` fixture, so a broken student module
 fails its tests one by one instead of breaking collection.
 
-An exercise module that imports nanoserve's own kernels (exercise_checks.ANSWER_KEY) fails
-every test of its exercise: `load` refuses it.
+An exercise module that imports the package's own implementation of what it grades, or calls its
+parent class's version of a graded method (exercise_checks.ANSWER_KEY, PARENT_METHODS), fails
+every test of its exercise with a message saying why: `load` refuses it.
 
 Two more modes, driven by environment variables (used by test_exercise_guards.py):
 - NANOSERVE_IMPL_OVERRIDES="ex02_paged_kv=/path/to/file.py;...": load single modules from files.
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from exercise_checks import answer_key_imports
+from exercise_checks import answer_key_hits
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `import exercises` / `import solutions` from the repo root
@@ -103,10 +104,10 @@ def load(impl, mutant):
             stale = "triton" in vars(module) and not _uses_interpreter(module)
             if "TRITON_INTERPRET" in os.environ and stale:
                 module = importlib.reload(module)  # imported earlier without the interpreter
-        hits = answer_key_imports(Path(module.__file__).read_text())
+        hits = answer_key_hits(name[:4], Path(module.__file__).read_text())
         if hits:  # every test of the exercise fails with this: it scores 0
-            pytest.fail(f"0 points: {name} imports the answer key, nanoserve's own kernels ({hits[0]})",
-                        pytrace=False)
+            pytest.fail(f"0 points: {name} uses the answer key, the package's own implementation of "
+                        f"what it grades ({hits[0]}): write it yourself", pytrace=False)
         return module
     return get
 
