@@ -9,7 +9,10 @@ An exercise module that imports the package's own implementation of what it grad
 parent class's version of a graded method (exercise_checks.ANSWER_KEY, PARENT_METHODS), fails
 every test of its exercise with a message saying why: `load` refuses it.
 
-Two more modes, driven by environment variables (used by test_exercise_guards.py):
+More modes, driven by environment variables:
+- NANOSERVE_SUBMISSION=DIR (`nanoserve grade --submission(s)`): grade a student's folder of
+  exercise files, imported as the package `submission` (relative imports work); a missing file
+  fails every test of its exercise.
 - NANOSERVE_IMPL_OVERRIDES="ex02_paged_kv=/path/to/file.py;...": load single modules from files.
 - NANOSERVE_MUTANTS="all" (or a comma list of names): run each mutant in tests/exercises/mutants/
   (a wrong-but-plausible exercise module, exNN_what_is_wrong.py) against the graded tests of its
@@ -18,6 +21,7 @@ Two more modes, driven by environment variables (used by test_exercise_guards.py
 """
 
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -66,6 +70,19 @@ def _load_file(name: str, path) -> object:
     return module
 
 
+def _submission_module(name: str):
+    """exercise module `name` from the NANOSERVE_SUBMISSION folder, as submission.<name>."""
+    folder = Path(os.environ["NANOSERVE_SUBMISSION"])
+    if not (folder / f"{name}.py").is_file():
+        pytest.fail(f"0 points: {name}.py is missing from the submission ({folder})", pytrace=False)
+    if "submission" not in sys.modules:
+        package = importlib.util.module_from_spec(importlib.machinery.ModuleSpec("submission", None,
+                                                                                 is_package=True))
+        package.__path__ = [str(folder)]
+        sys.modules["submission"] = package
+    return importlib.import_module(f"submission.{name}")
+
+
 def _uses_interpreter(module) -> bool:
     from triton.runtime.interpreter import InterpretedFunction
     kernels = [v for v in vars(module).values() if type(v).__name__ in ("JITFunction", "InterpretedFunction")]
@@ -99,6 +116,8 @@ def load(impl, mutant):
             pytest.skip("ex08 writes Triton kernels: triton is not installed here (Linux only)")
         if name in overrides:
             module = _load_file(name, overrides[name])
+        elif os.environ.get("NANOSERVE_SUBMISSION"):
+            module = _submission_module(name)
         else:
             module = importlib.import_module(f"{impl}.{name}")
             stale = "triton" in vars(module) and not _uses_interpreter(module)

@@ -211,7 +211,8 @@ def test_a_delegating_submission_scores_zero_and_says_why(delegate_run, module):
     assert cases, delegate_run.output[-3000:]
     passed = [c.case for c in cases if c.outcome != "failed"]
     assert not passed, f"{DELEGATES[module]} hands the work to the package and still passes {passed}"
-    vague = [c.message for c in cases if not c.message.startswith("0 points") or "answer key" not in c.message]
+    vague = [c.message for c in cases
+             if not c.message.startswith("0 points") or "answer key" not in c.message]
     assert not vague, f"failures that don't say the module uses the answer key: {vague[:2]}"
 
 
