@@ -1,5 +1,6 @@
 """A learner's exercise pieces inside the lessons: ex05's chunked-prefill scheduler drives lesson 05's
-interference runs, ex06's prefix-caching block pool serves lesson 06's requests.
+interference runs, ex06's prefix-caching block pool serves lesson 06's requests, ex08's Triton
+RMSNorm runs a model in lesson 03 (`learner_kernels`).
 
 Each lesson asks for the learner's piece (`learner_scheduler`, `learner_pool`); while the exercise
 is not written yet (its skeleton raises NotImplementedError) or fails a first quick probe, the
@@ -16,6 +17,9 @@ in the step that admits them, their blocks hold KV before any later step can hit
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
 
 from nanoserve.course.grade import load_piece
 from nanoserve.engine.kv_cache import KVCacheManager
@@ -153,3 +157,38 @@ class PoolKVManager:
     @property
     def usage(self) -> float:
         return 1.0 - self.pool.num_free_blocks / self.num_blocks
+
+
+def learner_kernels(prompt_len: int = 8, max_tokens: int = 4) -> list[str]:
+    """Exercise 8's Triton RMSNorm plugged into a small model (preset:tiny, on the GPU if there is
+    one, else under the Triton interpreter), its greedy tokens compared with the model's own
+    kernels'. -> the kernel names that ran yours ([] with a note: no triton, not written, wrong)."""
+    import torch
+
+    from nanoserve import LLM, EngineConfig, SamplingParams
+    from nanoserve.kernels import use_kernels
+    if importlib.util.find_spec("triton") is None:
+        print("ex08 needs triton (pip has it for Linux): the lesson's kernels stay the engine's here.")
+        return []
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before exercises.ex08_triton imports triton
+    try:
+        rms_norm = load_piece("ex08_triton.rms_norm")
+        llm = LLM("preset:tiny", device=device, dtype="float32", seed=0,
+                  config=EngineConfig(enforce_eager=True))  # no CUDA graphs: the swap takes effect
+        prompt = [list(range(11, 11 + prompt_len))]
+        params = SamplingParams(max_tokens=max_tokens, temperature=0)
+        want = llm.generate(prompt, params)[0].token_ids
+        use_kernels(llm, rms_norm=rms_norm)
+        got = llm.generate(prompt, params)[0].token_ids
+    except NotImplementedError:
+        print("exercises/ex08_triton.py: rms_norm is not written yet, so the engine's kernels run here.")
+        return []
+    if got != want:
+        print(f"your rms_norm ran the model but changed its greedy tokens ({got} instead of {want}): "
+              f"python -m nanoserve grade ex08 says where it differs.")
+        return []
+    print(f"Your Triton rms_norm ran every RMSNorm of preset:tiny on {device}: the same {len(got)} "
+          f"greedy tokens.")
+    return ["rms_norm"]
