@@ -94,6 +94,23 @@ def minutes(path) -> tuple[float, float]:
     return words / WORDS_PER_MINUTE, planned
 
 
+def section_minutes(path) -> dict[str, float]:
+    """Presenting minutes per section of a lesson: each slide or subslide's heading (its first
+    line, without the #s) -> the "(N min)" its notes plan; the title slide's heading comes first."""
+    import nbformat
+    nb = nbformat.read(Path(path), as_version=4)
+    out: dict[str, float] = {}
+    heading = None
+    for cell in nb.cells:
+        kind = cell.metadata.get("slideshow", {}).get("slide_type")
+        if cell.cell_type == "markdown" and kind in ("slide", "subslide"):
+            heading = cell.source.splitlines()[0].lstrip("#").strip()
+            out.setdefault(heading, 0.0)
+        elif kind == "notes" and heading is not None:
+            out[heading] += sum(float(m) for m in NOTE_MINUTES.findall(cell.source))
+    return out
+
+
 def execute(path, quick: bool = True, cell_timeout: int = 300, env: dict | None = None):
     """Run every cell of a notebook in a fresh kernel with nbclient, in the notebook's folder,
     and return the executed notebook (outputs and widget state included).
