@@ -27,6 +27,8 @@ TITLES = {
     "ex06": "Exercise 6: prefix caching",
     "ex07": "Exercise 7: serving metrics",
     "ex08": "Exercise 8: Triton kernels",
+    "ex09": "Exercise 9: what a token costs",
+    "ex10": "Exercise 10: the SLO of a served load",
 }
 VISIBILITY = ("visible", "hidden", "after_due_date", "after_published")
 

@@ -68,6 +68,10 @@ def test_lesson_06_serves_its_requests_from_the_learners_pool(llm):
     rows = prefix.prefix_table(runs).rows
     assert [r["prefix caching"] for r in rows] == ["off", "on", "on, your ex06 pool"]
     assert rows[2]["prefill tokens computed"] < rows[0]["prefill tokens computed"]
+    from nanoserve.course.widgets import plot_prefix_compare  # lesson 06's figure, three runs
+    fig = plot_prefix_compare(runs)
+    ticks = [t.get_text() for t in fig.axes[1].get_yticklabels()]
+    assert ticks == ["caching off", "caching on", "caching yours"]
 
 
 def test_pool_manager_grows_requests_and_frees_every_block():

@@ -39,6 +39,8 @@ ANSWER_KEY = {
     "ex04": SCHEDULER, "ex05": SCHEDULER,
     "ex06": ("nanoserve.engine.kv_cache",),  # BlockPool, KVCacheManager, hash_block
     "ex07": ("nanoserve.measure.metrics",),
+    "ex09": ("nanoserve.measure.cost",),
+    "ex10": ("nanoserve.measure.metrics", "nanoserve.measure.http_result"),
 }
 ANSWER_KEY_ALL = tuple(sorted({k for keys in ANSWER_KEY.values() for k in keys}))
 # methods whose parent-class version is the answer: super().schedule(...), Scheduler.schedule(self, ...),
