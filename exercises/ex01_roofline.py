@@ -3,8 +3,9 @@
 A step can't run faster than the bytes it must move divided by the memory bandwidth, nor
 faster than the FLOPs it must do divided by the peak FLOP/s. Arithmetic intensity (FLOPs per
 byte) says which of the two binds: below the device's *ridge point* (peak / bandwidth) work is
-memory-bound, above it compute-bound. These functions count a linear layer and attention the
-way `nanoserve.measure.roofline.step_cost` counts a whole model step, then turn counts into a floor.
+memory-bound, above it compute-bound. These functions count the FLOPs and bytes of a linear layer
+and of attention, add them up over a whole model step, then turn the counts into a floor. Write
+them from these definitions: a module that imports nanoserve's roofline module scores 0.
 
 Plain numbers in, plain numbers out (decode_step_floor also takes the model's shape, a
 ModelConfig), SI units: bytes, FLOPs, seconds, bytes/s, FLOP/s.
@@ -112,8 +113,7 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_
 def decode_step_floor(cfg, batch_size: int, context_len: int, dtype_bytes: int, bandwidth: float,
                       peak_flops: float) -> float:
     """Roofline floor, in seconds, of one decode step: batch_size sequences each computing one
-    token that attends to context_len tokens (itself included), counted as
-    `nanoserve.measure.roofline.decode_step_floor` counts it.
+    token that attends to context_len tokens (itself included).
 
     cfg is the model's shape, a `nanoserve.config.ModelConfig` (hidden_size, intermediate_size,
     num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, vocab_size; no bias).

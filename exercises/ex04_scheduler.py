@@ -43,31 +43,29 @@ Worked example (budget 8, max_num_seqs 3): running A and B decode (2 tokens); wa
 5-token prompt (fits: 7 tokens), D a 3-token prompt (doesn't fit the 1 left): out.seqs is
 [A:1, B:1, C:5], out.preempted []. Next step, if A finished, D is admitted beside B and C.
 
-`BaseScheduler` is given: it is nanoserve's Scheduler (queues, abort, update_from_output, the
-KV manager in `self.kv`, and the four helpers above) without a `schedule`. Plug yours in with
-`LLM("preset:tiny", scheduler=ContinuousScheduler)`; greedy outputs must not change.
+`BaseScheduler` is given: the queues, abort, the bookkeeping after each step, the KV manager in
+`self.kv` and the four helpers above; it has no policy (its `schedule` raises). Write the policy
+yourself: a module that subclasses or calls nanoserve's own Scheduler scores 0. Plug yours in
+with `LLM("preset:tiny", scheduler=ContinuousScheduler)`; greedy outputs must not change.
 Out of scope: a prompt longer than the whole budget (it would never be admitted; exercise 5
 chunks it), priorities, static batching.
 """
 
 from __future__ import annotations
 
-from nanoserve.engine.scheduler import Scheduler, SchedulerOutput
+from nanoserve.engine.scheduler import SchedulerBase, SchedulerOutput
 
 
-class BaseScheduler(Scheduler):
-    """Given, not an exercise: nanoserve's Scheduler with `schedule` left to subclasses.
+class BaseScheduler(SchedulerBase):
+    """Given, not an exercise: a scheduler's state and moves, with `schedule` left to subclasses.
 
     State you read: self.config (EngineConfig), self.kv (KVCacheManager), self.waiting (deque of
     Request, by arrival; preempted requests go back to its head), self.running (list of Request,
     admission order). A Request has num_tokens (prompt + output so far), num_computed_tokens
     (tokens whose KV is in the cache) and metrics.arrival_time. The moves you make are the
-    Scheduler's public helpers: next_waiting(now), admit(req, num_cached, n, out, now),
-    add(req, n, out) and preempt(req, out); each keeps the bookkeeping right.
+    helpers next_waiting(now), admit(req, num_cached, n, out, now), add(req, n, out) and
+    preempt(req, out); each keeps the bookkeeping right.
     """
-
-    def schedule(self, now: float) -> SchedulerOutput:
-        raise NotImplementedError("subclasses write schedule(now)")
 
 
 class ContinuousScheduler(BaseScheduler):

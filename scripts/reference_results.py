@@ -2,13 +2,17 @@
 05 at the sizes the lessons use (quick and full), into nanoserve/course/reference_data/NAME.json,
 which course.reference overlays on the readers' own figures.
 
+    python scripts/reference_results.py          # named after the device: CPU model, flags, cores
     python scripts/reference_results.py --name "2-core AMD EPYC, AVX2, no AVX-512/AMX"
     python scripts/reference_results.py --modes quick --lessons 03 05      # a part, merged in
 
-Run it on an idle machine: the file records the load average before and after and the share of
-CPU other processes took while it ran, so a reader can tell a quiet reference from a noisy one.
-Rerunning overwrites the lessons and modes it measures and keeps the rest of the file (the load
-figures are those of the latest run).
+It records only on an idle machine: it first samples how much CPU other processes take (over
+--sample seconds) and refuses to start above --max-other-cpu percent (100 = one core), and it
+refuses to write a file when other processes took more than that while it measured. The file
+records the load average before and after and that share, so a reader can tell a quiet reference
+from a noisy one. Files are named after the device kind and the machine (cpu-..., cuda-...), one per
+device; rerunning overwrites the lessons and modes it measures and keeps the rest of the file
+(the load figures are those of the latest run). Both modes by default: quick and full sizes.
 """
 
 from __future__ import annotations
@@ -49,6 +53,32 @@ def rounded(x, digits: int = 5):
 def compact(text: str) -> str:
     """Innermost JSON lists on one line: a point per line, not a number per line."""
     return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
+
+
+def others_cpu(processes, psutil) -> float:
+    """CPU percent the given processes took since their counters were last read (100 = a core)."""
+    busy = 0.0
+    for p in processes:
+        try:
+            busy += p.cpu_percent(None)
+        except psutil.Error:
+            pass
+    return busy
+
+
+def sample_others(psutil, seconds: float) -> tuple[list, float]:
+    """(the other processes, the CPU percent they took over `seconds`)."""
+    import time
+    me = psutil.Process()
+    others = [p for p in psutil.process_iter() if p.pid != me.pid]
+    others_cpu(others, psutil)  # start each process's counter
+    time.sleep(seconds)
+    return others, others_cpu(others, psutil)
+
+
+def file_key(kind: str, name: str) -> str:
+    """'cpu-2-core-amd-epyc-avx2' from the device kind and the machine's name."""
+    return re.sub(r"[^a-z0-9]+", "-", f"{kind} {name}".lower()).strip("-")
 
 
 def measure(lesson: str, quick: bool) -> dict:
@@ -118,25 +148,32 @@ def write_reference(path: Path, ref: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--name", required=True, help="the machine, as figures will label it")
+    ap.add_argument("--name", help="the machine, as figures will label it (default: the device's "
+                                   "name, CPU flags and cores)")
     ap.add_argument("--modes", nargs="*", default=["quick", "full"], choices=["quick", "full"])
     ap.add_argument("--lessons", nargs="*", default=["00", "01", "02", "03", "05"])
+    ap.add_argument("--max-other-cpu", type=float, default=15.0,
+                    help="refuse to record above this CPU percent taken by other processes (100 = a core)")
+    ap.add_argument("--sample", type=float, default=5.0, help="seconds to sample other processes first")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     import psutil
     import torch
 
+    from nanoserve.config import default_device
     from nanoserve.course import reference
-    key = re.sub(r"[^a-z0-9]+", "-", args.name.lower()).strip("-")
-    path = reference.DATA / f"{key}.json"
+    from nanoserve.course.setup import device_kind
+    from nanoserve.measure.ceilings import device_name
+    name = args.name or ", ".join(filter(None, [device_name(default_device()), cpu_flags(),
+                                                 f"{os.cpu_count()} cores"]))
+    path = reference.DATA / f"{file_key(device_kind(), name)}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    me = psutil.Process()
-    others = [p for p in psutil.process_iter() if p.pid != me.pid]
-    for p in others:
-        try:
-            p.cpu_percent(None)  # start each process's counter
-        except psutil.Error:
-            pass
+    others, busy = sample_others(psutil, args.sample)
+    if busy > args.max_other_cpu:
+        print(f"refusing to record: other processes took {busy:.0f}% CPU over {args.sample:g} s "
+              f"(limit --max-other-cpu {args.max_other_cpu:g}; 100 = one core). Close them and rerun.",
+              file=sys.stderr)
+        return 3
     before, threads = os.getloadavg(), torch.get_num_threads()
     modes = old.get("modes", {})
     for mode in args.modes:
@@ -146,20 +183,20 @@ def main(argv=None) -> int:
             torch.set_num_threads(threads)  # quick mode's load_llm drops to 1, as in the lessons
             entry = measure(lesson, mode == "quick")
             modes.setdefault(mode, {})[lesson] = {**entry, "torch_threads": torch.get_num_threads()}
-    busy = 0.0
-    for p in others:
-        try:
-            busy += p.cpu_percent(None)
-        except psutil.Error:
-            pass
-    ref = reference_file(args.name, modes, {
+    busy = others_cpu(others, psutil)  # their average over the whole measurement
+    if busy > args.max_other_cpu:
+        print(f"not recorded: other processes took {busy:.0f}% CPU while measuring (limit "
+              f"{args.max_other_cpu:g}); {path.name} is unchanged. Rerun on an idle machine.",
+              file=sys.stderr)
+        return 3
+    ref = reference_file(name, modes, {
         "loadavg_before": [round(x, 2) for x in before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "other_processes_cpu_percent": round(busy, 1),
         "note": f"100 = one core busy with other work throughout; the machine has {os.cpu_count()} cores"},
         cpu_flags())
     write_reference(path, ref)
-    print(f"wrote {path.relative_to(ROOT)}; load before {before}, after {os.getloadavg()}, "
+    print(f"wrote {os.path.relpath(path, ROOT)}; load before {before}, after {os.getloadavg()}, "
           f"other processes {busy:.0f}% CPU")
     return 0
 

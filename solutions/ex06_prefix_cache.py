@@ -2,7 +2,7 @@
 
 Many requests start with the same tokens (a system prompt, a few-shot preamble, the earlier
 turns of a chat). Their K/V for that prefix is the same, so a request can reuse blocks another
-request computed, if it can find them. vLLM (and nanoserve.engine.kv_cache) do it like this:
+request computed, if it can find them. vLLM does it like this:
 
 - A *full* block is named by a hash of (its parent block's hash, its token ids): the hash of
   block i identifies all tokens 0 .. (i+1)*block_size - 1, not just the block's own tokens.
@@ -14,10 +14,11 @@ request computed, if it can find them. vLLM (and nanoserve.engine.kv_cache) do i
   freed first); only then is a cached block really evicted (its hash forgotten). A request
   frees its blocks last block first, so its prefix (the most shareable part) is evicted last.
 
-Write `block_hashes` and `PrefixCachingBlockPool`, a standalone version of
-`nanoserve.engine.kv_cache.BlockPool` + `KVCacheManager.get_computed_blocks` / `allocate_slots` /
-`free` that allocates whole prompts. Its observable behaviour (cached tokens, free blocks,
-which blocks are shared) must match nanoserve's; the block ids you choose may differ.
+Write `block_hashes` and `PrefixCachingBlockPool`: a pool of blocks that gives each new request
+blocks for its whole prompt, reusing the longest cached prefix, and frees them as above. The
+grader checks what it does (cached tokens, free blocks, which blocks are shared) on random
+workloads against these rules; the block ids you choose may differ. Write it yourself: a module
+that imports the engine's KV cache (its block pool, manager or block hash) scores 0.
 
 Worked example, block_size 4, 8 blocks: allocate("a", 10 tokens) -> 0 cached, 3 blocks
 (2 full, hashed); allocate("b", same first 8 tokens + 2 others) -> 8 cached: b's block table

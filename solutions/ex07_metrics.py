@@ -12,9 +12,10 @@ so token_times[0] == first_token_time) and finished_time. From these, as vLLM's 
 Worked example: arrival 0.0, token_times [0.5, 0.6, 0.8], finished 0.8: TTFT 0.5, ITLs
 [0.1, 0.2], TPOT (0.8 - 0.5) / 2 = 0.15, E2E 0.8.
 
-A request is *completed* when finished, not aborted (finish_reason != "abort"), with at least
-one token, a first_token_time and a finished_time. Only completed requests count in goodput
-and stratification. Compare with `nanoserve.measure.metrics` when you are done; don't call it.
+A request is *completed* when finished normally: finished, neither aborted nor failed
+(finish_reason not "abort" or "error"), with at least one token, a first_token_time and a
+finished_time. Only completed requests count in goodput and stratification. Write these from the
+definitions above: a module that imports nanoserve's own metrics scores 0.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ import numpy as np
 
 
 def is_completed(output) -> bool:
-    """Finished normally (not aborted), with at least one token and the timestamps above."""
+    """Finished normally (not aborted, not failed), with at least one token and the timestamps above."""
     m = output.metrics
-    return bool(output.finished and output.finish_reason != "abort" and len(output.token_ids) > 0
-                and m.first_token_time is not None and m.finished_time is not None)
+    return bool(output.finished and output.finish_reason not in ("abort", "error")
+                and len(output.token_ids) > 0 and m.first_token_time is not None
+                and m.finished_time is not None)
 
 
 def ttft(output) -> float | None:

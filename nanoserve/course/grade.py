@@ -6,6 +6,12 @@ the first line of each failing check's message. `--impl solutions` grades the re
 Where triton is not installed (pip has it for Linux only), ex08 (Triton kernels) is left out and
 the command says why.
 
+For instructors: `--submission DIR` grades one student's exercise files (DIR/exNN_*.py, or
+DIR/exercises/exNN_*.py) instead of exercises/, `--format json|gradescope` writes a report or
+Gradescope's results.json (course.grade_report), and `--submissions DIR` grades every student
+folder in DIR into one CSV. Graded tests in tests/exercises/hidden/ (the instructor's copy only)
+run too and are marked hidden.
+
 Students' pieces plug into the engine, which never imports course material: a scheduler class
 with `LLM(model, scheduler=MyScheduler)`, kernels with `nanoserve.kernels.use_kernels(llm,
 paged_attention=mine)`. `load_piece` imports a piece of exercises/ or solutions/ by name and
@@ -15,18 +21,23 @@ paged_attention=mine)`. `load_piece` imports a piece of exercises/ or solutions/
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanoserve.course import grade_report
+from nanoserve.course.grade_report import TITLES, score_table  # noqa: F401 (grade.score_table)
+
 GRADED_FILE = re.compile(r"^test_(ex\d\d)_\w+\.py$")
+HIDDEN_DIR = "hidden"  # tests/exercises/hidden/: graded tests kept off the students' copy
 NEEDS_TRITON = "ex08"
 NO_TRITON = ("ex08 (Triton kernels) left out: triton is not installed (pip has it for Linux only; "
              "its kernels run on a GPU, or on a CPU under TRITON_INTERPRET=1)")
@@ -76,6 +87,7 @@ class Case:
     outcome: str  # "passed" | "failed" | "skipped"
     message: str = ""  # first line of the failure, in plain words
     mutant: str | None = None  # in the guards' mutant runs: the mutant this case checked
+    hidden: bool = False  # from tests/exercises/hidden/
 
 
 @dataclass
@@ -95,9 +107,12 @@ def repo_root() -> Path:
 
 
 def graded_files(root: Path, exercises: list[str] | None = None) -> list[Path]:
-    """tests/exercises/test_exNN_*.py, all or only the given exercise ids (ex02 or 2)."""
+    """tests/exercises/test_exNN_*.py and tests/exercises/hidden/test_exNN_*.py (where the
+    instructor's copy has them), all or only the given exercise ids (ex02 or 2)."""
     wanted = {f"ex{int(e.lower().removeprefix('ex')):02d}" for e in exercises} if exercises else None
-    files = sorted(p for p in (root / "tests" / "exercises").iterdir() if GRADED_FILE.match(p.name))
+    folder = root / "tests" / "exercises"
+    files = sorted((p for p in [*folder.iterdir(), *((folder / HIDDEN_DIR).glob("*.py"))]
+                    if GRADED_FILE.match(p.name)), key=lambda p: (p.parent.name == HIDDEN_DIR, p.name))
     if wanted is not None:
         unknown = wanted - {GRADED_FILE.match(p.name).group(1) for p in files}
         if unknown:
@@ -120,15 +135,20 @@ def _first_line(text: str | None) -> str:
 
 
 def run_graded(exercises: list[str] | None = None, impl: str = "exercises",
-               env: dict[str, str] | None = None, timeout: float | None = None) -> GradeRun:
+               env: dict[str, str] | None = None, timeout: float | None = None,
+               submission: Path | None = None) -> GradeRun:
     """Run the graded tests in a pytest subprocess and collect one Case per test.
 
-    impl: the package graded ("exercises" or "solutions"); env: extra environment variables
-    (tests/exercises/conftest.py reads NANOSERVE_IMPL_OVERRIDES and NANOSERVE_MUTANTS).
+    impl: the package graded ("exercises" or "solutions"); submission: a student's folder of
+    exercise files graded instead (a missing file scores 0 on its exercise); env: extra
+    environment variables (tests/exercises/conftest.py reads NANOSERVE_IMPL_OVERRIDES,
+    NANOSERVE_MUTANTS and NANOSERVE_SUBMISSION).
     """
     root = repo_root()
     files = graded_files(root, exercises)
     env = dict(os.environ, **(env or {}), NANOSERVE_IMPL=impl)
+    if submission is not None:
+        env["NANOSERVE_SUBMISSION"] = str(submission_folder(Path(submission)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
@@ -162,44 +182,40 @@ def _parse_junit(path: Path) -> list[Case]:
                 outcome = "skipped"
                 message = _first_line(tc.find("skipped").get("message"))
         props = {p.get("name"): p.get("value") for p in tc.iter("property")}
-        cases.append(Case(m.group(1), task, name, outcome, message, props.get("mutant")))
+        hidden = f".{HIDDEN_DIR}." in f".{tc.get('classname', '')}"
+        cases.append(Case(m.group(1), task, name, outcome, message, props.get("mutant"), hidden))
     return cases
 
 
-# --- the score table --------------------------------------------------------------------
-
-def exercise_titles(root: Path, package: str = "exercises") -> dict[str, str]:
-    """ex id -> the first sentence of its module docstring, e.g. "Exercise 2: the paged KV cache"
-    (read with ast: nothing is imported)."""
-    titles = {}
-    for path in sorted((root / package).glob("ex[0-9][0-9]_*.py")):
-        doc = ast.get_docstring(ast.parse(path.read_text())) or path.stem
-        titles[path.name[:4]] = doc.splitlines()[0].split(". ")[0].rstrip(".")
-    return titles
+def submission_folder(path: Path) -> Path:
+    """Where a student's exercise files are: `path`, or its exercises/ subfolder."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"submission folder {path} does not exist")
+    return path / "exercises" if (path / "exercises").is_dir() else path
 
 
-def score_table(cases: list[Case], titles: dict[str, str] | None = None) -> str:
-    """Per exercise: tasks passed / tasks; per task: PASS/FAIL, cases, first failure message."""
-    titles = titles or {}
-    lines, total, passed = [], 0, 0
-    for ex in sorted({c.exercise for c in cases}):
-        tasks: dict[str, list[Case]] = {}
-        for c in cases:
-            if c.exercise == ex:
-                tasks.setdefault(c.task, []).append(c)
-        ok = [t for t, cs in tasks.items() if all(c.outcome != "failed" for c in cs)]
-        total, passed = total + len(tasks), passed + len(ok)
-        title = titles.get(ex, ex)
-        lines.append(f"{title[:68]:<70}{len(ok):>3}/{len(tasks)}")
-        for task, cs in tasks.items():
-            bad = [c for c in cs if c.outcome == "failed"]
-            mark = "FAIL" if bad else "pass"
-            count = f" ({len(cs) - len(bad)}/{len(cs)} cases)" if len(cs) > 1 and bad else ""
-            lines.append(f"  {mark}  {task.replace('_', ' ')}{count}")
-            if bad:
-                lines.append(f"        {bad[0].message}")
-    lines.append(f"{'Total':<70}{passed:>3}/{total} tasks")
-    return "\n".join(lines)
+def exercise_titles(root: Path | None = None, package: str = "exercises") -> dict[str, str]:
+    """ex id -> its title, e.g. "Exercise 2: the paged KV cache": the grader's own (grade_report.TITLES),
+    never the student's docstring."""
+    return dict(TITLES)
+
+
+def grade_submissions(folder: Path, exercises: list[str], timeout: float | None = None) -> str:
+    """Grade every student folder in `folder` (one pytest run each) -> the CSV of
+    grade_report.submissions_csv: a missing exercise file scores 0 and is listed."""
+    students = sorted(p for p in Path(folder).iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not students:
+        raise FileNotFoundError(f"no student folders in {folder}")
+    rows = {}
+    for student in students:
+        run = run_graded(exercises, submission=student, timeout=timeout)
+        if not run.cases:
+            raise RuntimeError(f"grading {student.name} ran no graded test:\n{run.output[-2000:]}")
+        have = {p.name[:4] for p in submission_folder(student).glob("ex[0-9][0-9]_*.py")}
+        ts = grade_report.tasks(run.cases)
+        rows[student.name] = {ex: (sum(t.passed for t in ts if t.exercise == ex),
+                                   sum(t.exercise == ex for t in ts), ex not in have) for ex in exercises}
+    return grade_report.submissions_csv(rows, exercises)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,27 +224,57 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("exercise", nargs="*", help="exercise ids to grade, e.g. ex02 ex05 (default: all)")
     ap.add_argument("--impl", default="exercises", choices=("exercises", "solutions"),
                     help="which package to grade (default: exercises, your answers)")
+    ap.add_argument("--format", default="text", choices=("text", "json", "gradescope"),
+                    help="text: the score table; json: a report; gradescope: Gradescope's results.json")
+    ap.add_argument("--submission", type=Path, help="grade this student's folder of exercise files")
+    ap.add_argument("--submissions", type=Path,
+                    help="grade every student folder in this folder into one CSV (one row per student)")
+    ap.add_argument("-o", "--output", type=Path, help="write the report here (default: stdout)")
+    ap.add_argument("--visibility", default="visible", choices=grade_report.VISIBILITY,
+                    help="gradescope: visibility of the tests and of the results")
+    ap.add_argument("--hidden-visibility", default="after_published", choices=grade_report.VISIBILITY,
+                    help="gradescope: visibility of the tests from tests/exercises/hidden/")
     ap.add_argument("-v", "--verbose", action="store_true", help="also print pytest's output")
     args = ap.parse_args(argv)
+    start = time.perf_counter()
     try:
         root = repo_root()
-        wanted = [GRADED_FILE.match(p.name).group(1) for p in graded_files(root, args.exercise or None)]
+        files = graded_files(root, args.exercise or None)
+        wanted = sorted({GRADED_FILE.match(p.name).group(1) for p in files})
         if NEEDS_TRITON in wanted and importlib.util.find_spec("triton") is None:
             print(f"nanoserve grade: {NO_TRITON}", file=sys.stderr)
             wanted.remove(NEEDS_TRITON)
             if not wanted:
                 return 2
-        run = run_graded(wanted, impl=args.impl)
-    except (FileNotFoundError, ValueError) as e:
+        if args.submissions is not None:
+            return _write(args.output, grade_submissions(args.submissions, wanted))
+        run = run_graded(wanted, impl=args.impl, submission=args.submission)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"nanoserve grade: {e}", file=sys.stderr)
         return 2
     if args.verbose or not run.cases:
-        print(run.output)
+        print(run.output, file=sys.stderr if args.format != "text" else sys.stdout)
     if not run.cases:
         print("nanoserve grade: pytest ran no graded test (see its output above)", file=sys.stderr)
         return 2
-    print(score_table(run.cases, exercise_titles(root)))
+    if args.format == "text":
+        _write(args.output, score_table(run.cases) + "\n")
+    elif args.format == "json":
+        _write(args.output, json.dumps(grade_report.json_report(run.cases), indent=1) + "\n")
+    else:
+        results = grade_report.gradescope_results(run.cases, time.perf_counter() - start,
+                                                  args.visibility, args.hidden_visibility)
+        _write(args.output, json.dumps(results, indent=1) + "\n")
+        return 0  # the score is in the file: Gradescope reads it whatever the exit status
     return 0 if all(c.outcome != "failed" for c in run.cases) else 1
+
+
+def _write(path: Path | None, text: str) -> int:
+    if path is None:
+        sys.stdout.write(text)
+    else:
+        Path(path).write_text(text)
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,8 +22,39 @@ NOTEBOOKS = ROOT / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # the lessons with speaker notes: the decks, the headless-execution test and the instructor guide
-# cover these (lesson 10 joins once it has its notes)
-WORKSHOP_LESSONS = tuple(f"{n:02d}" for n in range(10))
+# cover these (a new lesson joins once it has its notes)
+WORKSHOP_LESSONS = tuple(f"{n:02d}" for n in range(11))
+# The course's thirteen claims, each measured by one lesson section: claim id -> (lesson, the
+# section's heading, what the measurement shows). workshop/agenda.md's core path shows every one
+# (tests/test_workshop.py checks the headings exist and the agenda covers all thirteen).
+CLAIMS = {
+    "roofline": ("00", "The roofline",
+                 "a step is bounded by bytes / bandwidth or FLOPs / peak, whichever is longer"),
+    "prefill-compute-bound": ("01", "Prefill time against prompt length",
+                              "prefill time grows with the prompt; its tokens share each weight read"),
+    "decode-memory-bound": ("01", "Decode against its floor",
+                            "a decode step costs about the time to read every weight once"),
+    "kv-cache": ("02", "How big is the cache?",
+                 "KV bytes per token = 2 x layers x KV heads x head dim x element size; it caps the batch"),
+    "batching-decode": ("03", "Throughput and latency against batch size",
+                        "decode throughput climbs almost linearly with the batch while ITL barely moves"),
+    "batching-prefill": ("03", "Prefill gains far less from batching",
+                         "a prompt is already a batch: more prompts per step add little throughput"),
+    "continuous-batching": ("04", "The same arrivals, measured",
+                            "re-forming the batch every step beats static batching on latency, throughput"),
+    "chunked-prefill": ("05", "The trade-off: TTFT against ITL",
+                        "a long prefill stalls every decoder; chunks trade its TTFT for their ITL"),
+    "prefix-caching": ("06", "Measured: one system prompt, many users",
+                       "a shared prompt is prefilled once: hit rate up, prefill tokens and TTFT down"),
+    "stratified-latency": ("07", "Trap 1: a workload change is not a regression",
+                           "TTFT, ITL and E2E depend on input and output lengths: compare them stratified"),
+    "goodput": ("07", "Trap 2: throughput hides failure; goodput doesn't",
+                "past capacity throughput holds while the requests meeting the SLO fall"),
+    "token-cost": ("08", "Why an output token costs more",
+                   "an output token needs a memory-bound step; an input token shares a compute-bound one"),
+    "disaggregation": ("09", "1. Disaggregation for real on this machine (measured)",
+                       "prefill and decode on separate instances: the ITL tail goes, TTFT pays"),
+}
 LIVE_NOTE = ("<p><em>Interactive in JupyterLab: run this lesson there to move the controls. "
              "Shown here: the widget's default view, as drawn when the deck was built.</em></p>")
 
@@ -61,6 +92,23 @@ def minutes(path) -> tuple[float, float]:
         else:
             words += len(cell.source.split())
     return words / WORDS_PER_MINUTE, planned
+
+
+def section_minutes(path) -> dict[str, float]:
+    """Presenting minutes per section of a lesson: each slide or subslide's heading (its first
+    line, without the #s) -> the "(N min)" its notes plan; the title slide's heading comes first."""
+    import nbformat
+    nb = nbformat.read(Path(path), as_version=4)
+    out: dict[str, float] = {}
+    heading = None
+    for cell in nb.cells:
+        kind = cell.metadata.get("slideshow", {}).get("slide_type")
+        if cell.cell_type == "markdown" and kind in ("slide", "subslide"):
+            heading = cell.source.splitlines()[0].lstrip("#").strip()
+            out.setdefault(heading, 0.0)
+        elif kind == "notes" and heading is not None:
+            out[heading] += sum(float(m) for m in NOTE_MINUTES.findall(cell.source))
+    return out
 
 
 def execute(path, quick: bool = True, cell_timeout: int = 300, env: dict | None = None):

@@ -56,3 +56,18 @@ def series(lesson: str, key: str, device: str | None = None, quick: bool | None 
                 and key in entry["series"]):
             return label(ref, mode), entry["series"][key]
     return None
+
+
+def all_series(lesson: str, key: str, quick: bool | None = None, folder: Path = DATA) -> list:
+    """(label, points) of `lesson`'s `key` from every device recorded in this mode (quick or
+    full), its label naming the device kind, and saying so where its sizes differ from this
+    device's (another device's sizes are chosen for it: a different experiment)."""
+    quick = quick_mode() if quick is None else quick
+    mode, want = ("quick" if quick else "full"), sizes(lesson, quick=quick)
+    out = []
+    for ref in references(folder):
+        entry = ref.get("modes", {}).get(mode, {}).get(lesson)
+        if entry and key in entry["series"]:
+            other = "" if _same(entry["sizes"], want) else ", its own sizes"
+            out.append((f"{ref.get('device_kind', '?')}: {label(ref, mode)}{other}", entry["series"][key]))
+    return out

@@ -196,15 +196,17 @@ def engine_of(x) -> LLMEngine:
     return getattr(x, "engine", x)
 
 
-def fresh_engine(engine_or_llm, **overrides) -> LLMEngine:
+def fresh_engine(engine_or_llm, scheduler_cls=None, kv_manager_cls=None, **overrides) -> LLMEngine:
     """A new engine over the same loaded model and KV tensors: its own scheduler and block
-    bookkeeping (so an empty prefix cache) and the EngineConfig fields in `overrides`.
+    bookkeeping (so an empty prefix cache) and the EngineConfig fields in `overrides`;
+    scheduler_cls, kv_manager_cls: a learner's pieces in place of the engine's.
     num_kv_blocks may shrink the cache (never grow it); block_size can't change."""
     engine = engine_of(engine_or_llm)
     if overrides.get("block_size", engine.config.block_size) != engine.config.block_size:
         raise ValueError("block_size is fixed by the allocated KV tensors; load the model again")
     overrides.setdefault("num_kv_blocks", engine.num_kv_blocks)
-    return LLMEngine.from_executor(engine.executor, replace(engine.config, **overrides))
+    return LLMEngine.from_executor(engine.executor, replace(engine.config, **overrides),
+                                   scheduler_cls=scheduler_cls, kv_manager_cls=kv_manager_cls)
 
 
 def generate(engine_or_llm, prompts: Sequence[list[int]], params: SamplingParams | Sequence) -> list:

@@ -57,34 +57,36 @@ class LLMEngine:
     LLMEngine(model, ...) loads a model and runs it with a ModelRunner;
     LLMEngine.from_executor(executor, config) builds an engine over an executor that already
     exists (a loaded ModelRunner, with a fresh scheduler and KV bookkeeping; a simulator's cost
-    model). `scheduler_cls` lets a student's scheduler replace ours (same constructor and methods).
+    model). `scheduler_cls` lets a student's scheduler replace ours, `kv_manager_cls` a student's
+    KV cache manager (each with the same constructor and methods as ours).
     """
 
     def __init__(self, model: str | ModelConfig | None = None, device: str | None = None,
                  dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
                  scheduler_cls=None, clock: Callable[[], float] = time.perf_counter,
-                 kv_transfer_config=None):
+                 kv_transfer_config=None, kv_manager_cls=None):
         config = EngineConfig() if config is None else config
-        _check_options(config, scheduler_cls, clock)  # before the model loads
+        _check_options(config, scheduler_cls, clock, kv_manager_cls)  # before the model loads
         kv_transfer_config = _kv_transfer_config(kv_transfer_config)
         self._setup(ModelRunner.load(model, device, dtype, seed, config), config, scheduler_cls,
-                    clock, kv_transfer_config)
+                    clock, kv_transfer_config, kv_manager_cls)
 
     @classmethod
     def from_executor(cls, executor: Executor, config: EngineConfig | None = None,
                       scheduler_cls=None, clock: Callable[[], float] = time.perf_counter,
-                      kv_transfer_config=None) -> LLMEngine:
+                      kv_transfer_config=None, kv_manager_cls=None) -> LLMEngine:
         """An engine over an existing executor. KV blocks: config.num_kv_blocks, else all the
         executor holds; never more than it holds (a simulator's executor holds no memory, so
         config.num_kv_blocks is required there)."""
         config = EngineConfig() if config is None else config
-        _check_options(config, scheduler_cls, clock)
+        _check_options(config, scheduler_cls, clock, kv_manager_cls)
         engine = cls.__new__(cls)
-        engine._setup(executor, config, scheduler_cls, clock, _kv_transfer_config(kv_transfer_config))
+        engine._setup(executor, config, scheduler_cls, clock, _kv_transfer_config(kv_transfer_config),
+                      kv_manager_cls)
         return engine
 
     def _setup(self, executor: Executor, config: EngineConfig, scheduler_cls, clock,
-               kv_transfer_config: KVTransferConfig | None = None) -> None:
+               kv_transfer_config: KVTransferConfig | None = None, kv_manager_cls=None) -> None:
         if not isinstance(executor, Executor):
             raise TypeError(f"executor {executor!r} is not a nanoserve.engine.Executor (it needs "
                             "execute_model(scheduler_output) and finish_requests(request_ids))")
@@ -101,7 +103,8 @@ class LLMEngine:
         self.model_config = executor.model_config
         self.max_model_len = config.max_model_len_for(self.model_config)
         self.num_kv_blocks = num_blocks
-        self.kv_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv_manager = (kv_manager_cls or KVCacheManager)(num_blocks, config.block_size,
+                                                             config.enable_prefix_caching)
         self.scheduler = (scheduler_cls or Scheduler)(config, self.kv_manager)
         self.kv_connector = None  # the scheduler side; the worker side is executor.kv_connector
         if kv_transfer_config is not None:
@@ -331,10 +334,13 @@ def _kv_transfer_config(value) -> KVTransferConfig | None:
     return config if config.engine_id else dataclasses.replace(config, engine_id=secrets.token_hex(4))
 
 
-def _check_options(config, scheduler_cls, clock) -> None:
+def _check_options(config, scheduler_cls, clock, kv_manager_cls=None) -> None:
     if not isinstance(config, EngineConfig):
         raise InvalidRequest("config", f"config={config!r} must be an EngineConfig")
     if scheduler_cls is not None and not isinstance(scheduler_cls, type):
         raise InvalidRequest("scheduler", f"scheduler={scheduler_cls!r} must be a Scheduler class")
+    if kv_manager_cls is not None and not isinstance(kv_manager_cls, type):
+        raise InvalidRequest("kv_manager_cls", f"kv_manager_cls={kv_manager_cls!r} must be a class "
+                             "with KVCacheManager's constructor and methods")
     if not callable(clock):
         raise InvalidRequest("clock", f"clock={clock!r} must be a function returning seconds")

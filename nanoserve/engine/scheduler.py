@@ -100,14 +100,15 @@ class SchedulerStats:
     failed_requests: int = 0  # finished with finish_reason "error"
 
 
-class Scheduler:
-    """Decides, every step, which tokens of which requests run (see the module docstring).
+class SchedulerBase:
+    """A scheduler without a policy: the queues, the moves a policy is made of and the bookkeeping
+    after a step; `schedule` is left to subclasses (Scheduler here, a student's in exercise 4).
 
     State: `waiting` (a deque by arrival time; preempted requests go back to its head),
     `running` (a list in admission order), the KV cache manager `kv` and the counters `stats`.
-    The public helpers `next_waiting`, `admit`, `add` and `preempt` are the moves a policy is made
-    of; a subclass with its own `schedule` (exercise 4) uses them to keep the bookkeeping right.
-    `connector`: a KV connector's scheduler side, set by the engine (None: no transfers).
+    The public helpers `next_waiting`, `admit`, `add` and `preempt` are the moves; each keeps the
+    bookkeeping right. `connector`: a KV connector's scheduler side, set by the engine (None: no
+    transfers).
     """
 
     connector = None
@@ -118,7 +119,6 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = SchedulerStats()
-        self.batch_open = True  # static policy: may the current batch still take requests?
         # kv_transfer_params the connector returned for requests finished since the engine's step began
         self.finished_kv_transfer_params: dict[str, dict] = {}
 
@@ -155,84 +155,9 @@ class Scheduler:
     def next_arrival(self) -> float | None:
         return self.waiting[0].metrics.arrival_time if self.waiting else None
 
-    # -- one step -----------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
-        """One step's work at engine time `now`: serve running requests (decodes and unfinished
-        prefills, preempting the newest when blocks run out), then admit arrived waiting
-        requests while the token budget, the seat cap and free blocks allow. -> SchedulerOutput
-        (empty when nothing can run)."""
-        cfg, out = self.config, SchedulerOutput()
-        budget = cfg.max_num_batched_tokens
-        if cfg.scheduling_policy == "static" and not self.running:
-            self.batch_open = True
-        head = self.next_waiting(now)
-        alone = (head is not None and not cfg.enable_chunked_prefill
-                 and head.num_tokens - head.num_computed_tokens > budget)
-        prefill_first = cfg.priority == "prefill" and not cfg.enable_chunked_prefill
-        if not (alone or prefill_first):
-            budget = self._schedule_running(budget, out)
-        if not out.preempted:
-            budget = self._schedule_waiting(now, budget, out, alone)
-        if (alone or prefill_first) and not out.seqs:  # nothing admitted after all
-            self._schedule_running(budget, out)
-        if cfg.scheduling_policy == "static" and (
-                len(self.running) >= cfg.max_num_seqs or self.next_waiting(now) is None
-                or any(not r.is_prefilling for r in self.running)):
-            self.batch_open = False  # full, nobody else waiting, or already decoding
-        if self.connector is not None:
-            out.kv_connector_metadata = self.connector.build_connector_meta(out)
-        return out
-
-    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = req.num_tokens - req.num_computed_tokens
-            if self.config.enable_chunked_prefill:
-                n = min(n, budget)
-            elif n > budget:
-                i += 1
-                continue
-            while not self.kv.allocate_slots(req, n):
-                victim = self.running[-1]  # the most recently admitted
-                self.preempt(victim, out)
-                if victim is req:
-                    return budget
-            self.add(req, n, out)
-            budget -= n
-            i += 1
-        return budget
-
-    def _schedule_waiting(self, now: float, budget: int, out: SchedulerOutput, alone: bool) -> int:
-        cfg = self.config
-        if cfg.scheduling_policy == "static" and not self.batch_open:
-            return budget
-        cap = cfg.max_num_partial_prefills
-        while budget > 0 and len(self.running) < cfg.max_num_seqs:
-            req = self.next_waiting(now)
-            if req is None:
-                break
-            if cap and sum(r.is_prefilling for r in self.running) >= cap:
-                break
-            blocks, num_cached = self.kv.get_computed_blocks(req)
-            num_external = 0  # tokens past the local hits whose KV arrives by transfer
-            if self.connector is not None:
-                num_external, _ = self.connector.get_num_new_matched_tokens(req, num_cached)
-            n = req.num_tokens - num_cached - num_external
-            if cfg.enable_chunked_prefill:
-                n = min(n, budget)
-            elif n > budget and not (alone and not out.seqs):
-                break  # admitted whole or not at all
-            if not self.kv.allocate_slots(req, num_external + n, blocks):
-                break
-            if self.connector is not None:
-                self.connector.update_state_after_alloc(req, self.kv.block_ids(req.request_id),
-                                                        num_external)
-            self.admit(req, num_cached, n, out, now, num_external)
-            budget -= n
-            if alone:
-                break
-        return budget
+        """One step's work at engine time `now` -> SchedulerOutput (empty when nothing can run)."""
+        raise NotImplementedError(f"{type(self).__name__} has no scheduling policy: write schedule(now)")
 
     # -- the moves a policy is made of ------------------------------------------------
     def next_waiting(self, now: float) -> Request | None:
@@ -327,3 +252,90 @@ class Scheduler:
             assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), \
                 f"{r.request_id} waiting with status {r.status}"
             assert not self.kv.block_ids(r.request_id), f"waiting {r.request_id} holds blocks"
+
+
+class Scheduler(SchedulerBase):
+    """Decides, every step, which tokens of which requests run (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig, kv_manager: KVCacheManager):
+        super().__init__(config, kv_manager)
+        self.batch_open = True  # static policy: may the current batch still take requests?
+
+    # -- one step -----------------------------------------------------------------------
+    def schedule(self, now: float) -> SchedulerOutput:
+        """One step's work at engine time `now`: serve running requests (decodes and unfinished
+        prefills, preempting the newest when blocks run out), then admit arrived waiting
+        requests while the token budget, the seat cap and free blocks allow. -> SchedulerOutput
+        (empty when nothing can run)."""
+        cfg, out = self.config, SchedulerOutput()
+        budget = cfg.max_num_batched_tokens
+        if cfg.scheduling_policy == "static" and not self.running:
+            self.batch_open = True
+        head = self.next_waiting(now)
+        alone = (head is not None and not cfg.enable_chunked_prefill
+                 and head.num_tokens - head.num_computed_tokens > budget)
+        prefill_first = cfg.priority == "prefill" and not cfg.enable_chunked_prefill
+        if not (alone or prefill_first):
+            budget = self._schedule_running(budget, out)
+        if not out.preempted:
+            budget = self._schedule_waiting(now, budget, out, alone)
+        if (alone or prefill_first) and not out.seqs:  # nothing admitted after all
+            self._schedule_running(budget, out)
+        if cfg.scheduling_policy == "static" and (
+                len(self.running) >= cfg.max_num_seqs or self.next_waiting(now) is None
+                or any(not r.is_prefilling for r in self.running)):
+            self.batch_open = False  # full, nobody else waiting, or already decoding
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        return out
+
+    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = req.num_tokens - req.num_computed_tokens
+            if self.config.enable_chunked_prefill:
+                n = min(n, budget)
+            elif n > budget:
+                i += 1
+                continue
+            while not self.kv.allocate_slots(req, n):
+                victim = self.running[-1]  # the most recently admitted
+                self.preempt(victim, out)
+                if victim is req:
+                    return budget
+            self.add(req, n, out)
+            budget -= n
+            i += 1
+        return budget
+
+    def _schedule_waiting(self, now: float, budget: int, out: SchedulerOutput, alone: bool) -> int:
+        cfg = self.config
+        if cfg.scheduling_policy == "static" and not self.batch_open:
+            return budget
+        cap = cfg.max_num_partial_prefills
+        while budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.next_waiting(now)
+            if req is None:
+                break
+            if cap and sum(r.is_prefilling for r in self.running) >= cap:
+                break
+            blocks, num_cached = self.kv.get_computed_blocks(req)
+            num_external = 0  # tokens past the local hits whose KV arrives by transfer
+            if self.connector is not None:
+                num_external, _ = self.connector.get_num_new_matched_tokens(req, num_cached)
+            n = req.num_tokens - num_cached - num_external
+            if cfg.enable_chunked_prefill:
+                n = min(n, budget)
+            elif n > budget and not (alone and not out.seqs):
+                break  # admitted whole or not at all
+            if not self.kv.allocate_slots(req, num_external + n, blocks):
+                break
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(req, self.kv.block_ids(req.request_id),
+                                                        num_external)
+            self.admit(req, num_cached, n, out, now, num_external)
+            budget -= n
+            if alone:
+                break
+        return budget

@@ -5,10 +5,14 @@ package; NANOSERVE_IMPL does the same where the option isn't registered (`pytest
 Test modules get the implementation through the `load` fixture, so a broken student module
 fails its tests one by one instead of breaking collection.
 
-An exercise module that imports nanoserve's own kernels (exercise_checks.ANSWER_KEY) fails
-every test of its exercise: `load` refuses it.
+An exercise module that imports the package's own implementation of what it grades, or calls its
+parent class's version of a graded method (exercise_checks.ANSWER_KEY, PARENT_METHODS), fails
+every test of its exercise with a message saying why: `load` refuses it.
 
-Two more modes, driven by environment variables (used by test_exercise_guards.py):
+More modes, driven by environment variables:
+- NANOSERVE_SUBMISSION=DIR (`nanoserve grade --submission(s)`): grade a student's folder of
+  exercise files, imported as the package `submission` (relative imports work); a missing file
+  fails every test of its exercise.
 - NANOSERVE_IMPL_OVERRIDES="ex02_paged_kv=/path/to/file.py;...": load single modules from files.
 - NANOSERVE_MUTANTS="all" (or a comma list of names): run each mutant in tests/exercises/mutants/
   (a wrong-but-plausible exercise module, exNN_what_is_wrong.py) against the graded tests of its
@@ -17,6 +21,7 @@ Two more modes, driven by environment variables (used by test_exercise_guards.py
 """
 
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -24,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from exercise_checks import answer_key_imports
+from exercise_checks import answer_key_hits
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `import exercises` / `import solutions` from the repo root
@@ -65,6 +70,19 @@ def _load_file(name: str, path) -> object:
     return module
 
 
+def _submission_module(name: str):
+    """exercise module `name` from the NANOSERVE_SUBMISSION folder, as submission.<name>."""
+    folder = Path(os.environ["NANOSERVE_SUBMISSION"])
+    if not (folder / f"{name}.py").is_file():
+        pytest.fail(f"0 points: {name}.py is missing from the submission ({folder})", pytrace=False)
+    if "submission" not in sys.modules:
+        package = importlib.util.module_from_spec(importlib.machinery.ModuleSpec("submission", None,
+                                                                                 is_package=True))
+        package.__path__ = [str(folder)]
+        sys.modules["submission"] = package
+    return importlib.import_module(f"submission.{name}")
+
+
 def _uses_interpreter(module) -> bool:
     from triton.runtime.interpreter import InterpretedFunction
     kernels = [v for v in vars(module).values() if type(v).__name__ in ("JITFunction", "InterpretedFunction")]
@@ -98,15 +116,17 @@ def load(impl, mutant):
             pytest.skip("ex08 writes Triton kernels: triton is not installed here (Linux only)")
         if name in overrides:
             module = _load_file(name, overrides[name])
+        elif os.environ.get("NANOSERVE_SUBMISSION"):
+            module = _submission_module(name)
         else:
             module = importlib.import_module(f"{impl}.{name}")
             stale = "triton" in vars(module) and not _uses_interpreter(module)
             if "TRITON_INTERPRET" in os.environ and stale:
                 module = importlib.reload(module)  # imported earlier without the interpreter
-        hits = answer_key_imports(Path(module.__file__).read_text())
+        hits = answer_key_hits(name[:4], Path(module.__file__).read_text())
         if hits:  # every test of the exercise fails with this: it scores 0
-            pytest.fail(f"0 points: {name} imports the answer key, nanoserve's own kernels ({hits[0]})",
-                        pytrace=False)
+            pytest.fail(f"0 points: {name} uses the answer key, the package's own implementation of "
+                        f"what it grades ({hits[0]}): write it yourself", pytrace=False)
         return module
     return get
 

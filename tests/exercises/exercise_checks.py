@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import random
+import re
 import signal
 import threading
 import types
@@ -26,19 +27,62 @@ from nanoserve import EngineConfig, LLMEngine, SamplingParams
 SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 MODEL = "preset:tiny"  # vocab 4096, 4 layers, hidden 128, 4 query heads over 2 kv heads
 
-# nanoserve's own kernels, the answer key of exercises 2, 3 and 8 (get_ops and kernel_ops hand
-# them out); an exercise module that imports them scores 0
-ANSWER_KEY = ("nanoserve.kernels.reference", "nanoserve.kernels.triton_", "nanoserve.kernels.get_ops",
-              "nanoserve.kernels.kernel_ops")
+# The answer key: the package's own implementation of what each exercise grades. A module that
+# imports any of it (whatever the form of the import, re-exports included), or that calls its
+# parent class's version of a graded method, scores 0 on that exercise.
+KERNELS = ("nanoserve.kernels.reference", "nanoserve.kernels.triton_", "nanoserve.kernels.get_ops",
+           "nanoserve.kernels.kernel_ops")  # get_ops and kernel_ops hand the kernels out
+SCHEDULER = ("nanoserve.engine.scheduler.Scheduler",)  # the full policy; SchedulerBase is allowed
+ANSWER_KEY = {
+    "ex01": ("nanoserve.measure.roofline",),  # step_cost, decode_step_floor, critical_batch_size
+    "ex02": KERNELS, "ex03": KERNELS, "ex08": KERNELS,
+    "ex04": SCHEDULER, "ex05": SCHEDULER,
+    "ex06": ("nanoserve.engine.kv_cache",),  # BlockPool, KVCacheManager, hash_block
+    "ex07": ("nanoserve.measure.metrics",),
+    "ex09": ("nanoserve.measure.cost",),
+    "ex10": ("nanoserve.measure.metrics", "nanoserve.measure.http_result"),
+}
+ANSWER_KEY_ALL = tuple(sorted({k for keys in ANSWER_KEY.values() for k in keys}))
+# methods whose parent-class version is the answer: super().schedule(...), Scheduler.schedule(self, ...),
+# and any use of the private ones
+PARENT_METHODS = {"ex04": ("schedule", "_schedule_running", "_schedule_waiting"),
+                  "ex05": ("schedule", "_schedule_running", "_schedule_waiting")}
 
 
-def answer_key_imports(source: str) -> list[str]:
-    """'line N: <code>' for each place the module reaches ANSWER_KEY, whatever the import's form
-    (`from nanoserve.kernels import reference`, `import nanoserve.kernels.reference as r`,
+def _resolved(path: str) -> list[str]:
+    """`path` and, when it names something importable, the dotted name of what it is
+    (`nanoserve.engine.KVCacheManager` -> `nanoserve.engine.kv_cache.KVCacheManager`)."""
+    import importlib
+    names, parts = [path], path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except Exception:  # noqa: BLE001 (not a module: try the shorter prefix)
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            break
+        if isinstance(obj, types.ModuleType):
+            names.append(obj.__name__)
+        elif getattr(obj, "__module__", None) and getattr(obj, "__qualname__", None):
+            names.append(f"{obj.__module__}.{obj.__qualname__}")
+        break
+    return names
+
+
+def answer_key_imports(source: str, keys: tuple[str, ...] = ANSWER_KEY_ALL,
+                       parent_methods: tuple[str, ...] = ()) -> list[str]:
+    """'line N: <code>' for each place the module reaches the answer `keys`, whatever the import's
+    form (`from nanoserve.kernels import reference`, `import nanoserve.kernels.reference as r`,
     `from nanoserve.kernels.reference import gather_kv`, `kernels.reference.x` after
-    `from nanoserve import kernels`); importlib is not looked at."""
+    `from nanoserve import kernels`, a package's re-export), and each call of a parent's
+    `parent_methods` (`super().schedule(now)`, `Scheduler.schedule(self, now)`); importlib is not
+    looked at. Relative imports (exercise 5's `.ex04_scheduler`) are the student's own."""
     def banned(path: str) -> bool:
-        return any(path == k or path.startswith(k if k.endswith("_") else k + ".") for k in ANSWER_KEY)
+        return any(name == k or name.startswith(k if k.endswith("_") else k + ".")
+                   for name in _resolved(path) for k in keys)
 
     tree = ast.parse(source)
     aliases: dict[str, str] = {}  # local name -> the dotted path it stands for
@@ -62,8 +106,22 @@ def answer_key_imports(source: str) -> list[str]:
         if parts and isinstance(base, ast.Name) and base.id in aliases \
                 and banned(".".join([aliases[base.id], *reversed(parts)])):
             lines.add(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in parent_methods:
+            via_super = isinstance(node.func.value, ast.Call) and ast.unparse(node.func.value.func) == "super"
+            unbound = bool(node.args) and ast.unparse(node.args[0]) == "self" \
+                and ast.unparse(node.func.value) != "self"
+            if via_super or unbound:
+                lines.add(node.lineno)
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and node.attr in parent_methods:
+            lines.add(node.lineno)  # the policy's private pieces: no subclass of ours has them
     text = source.splitlines()
     return [f"line {n}: {text[n - 1].strip()}" for n in sorted(lines)]
+
+
+def answer_key_hits(ex_id: str, source: str) -> list[str]:
+    """answer_key_imports with exercise `ex_id`'s own answer key and parent methods."""
+    return answer_key_imports(source, ANSWER_KEY.get(ex_id, ()), PARENT_METHODS.get(ex_id, ()))
 
 
 def graded(max_examples: int):
@@ -123,7 +181,41 @@ def make_engine(scheduler_cls=None, device: str = "cpu", model=MODEL, **config) 
                enforce_eager=True)  # no CUDA graphs: kernels swapped by use_kernels take effect
     cfg.update(config)
     return LLMEngine(model, device=device, dtype="float32", seed=0, config=EngineConfig(**cfg),
-                     scheduler_cls=scheduler_cls, clock=TickClock())
+                     scheduler_cls=checked(scheduler_cls) if scheduler_cls else None, clock=TickClock())
+
+
+class ScheduleBroke(AssertionError):
+    """A step a student's scheduler returned breaks a rule before it reaches the model."""
+
+
+def checked(scheduler_cls):
+    """`scheduler_cls` with every step it returns checked against the rules the runner relies on
+    (the budget, the seats, no more tokens than a request has), so a broken step fails naming the
+    rule instead of deep in the model as a shape error."""
+    if getattr(scheduler_cls, "_checked", False):
+        return scheduler_cls
+
+    def schedule(self, now):
+        out = scheduler_cls.schedule(self, now)
+        cfg, step = self.config, getattr(self, "_step", 0)
+        self._step = step + 1
+        total = sum(len(q.token_ids) for q in out.seqs)
+        if total > cfg.max_num_batched_tokens:
+            parts = ", ".join(f"{q.request_id}:{len(q.token_ids)}" for q in out.seqs)
+            raise ScheduleBroke(f"rule 1 (token budget): step {step} scheduled {total} tokens [{parts}], "
+                                f"over max_num_batched_tokens={cfg.max_num_batched_tokens}; subtract each "
+                                f"request's n from the budget left")
+        if len(self.running) > cfg.max_num_seqs:
+            raise ScheduleBroke(f"rule 2 (seats): after step {step}, {len(self.running)} requests were "
+                                f"running, over max_num_seqs={cfg.max_num_seqs}")
+        for q, req in zip(out.seqs, out.requests):
+            if not q.token_ids or q.start + len(q.token_ids) > req.num_tokens:
+                raise ScheduleBroke(
+                    f"rule 3: step {step} gave request {q.request_id} n={len(q.token_ids) or 0} tokens from "
+                    f"position {q.start}, but it has {req.num_tokens} tokens: n must be between 1 and "
+                    f"req.num_tokens - req.num_computed_tokens")
+        return out
+    return type(scheduler_cls.__name__, (scheduler_cls,), {"schedule": schedule, "_checked": True})
 
 
 def workload(seed: int, num_requests: int, prompt_lens: tuple[int, int], max_tokens: tuple[int, int],
@@ -155,11 +247,33 @@ def drive(engine: LLMEngine, requests, max_steps: int = 3000, seconds: float = 1
                 if o.finished:
                     final[o.request_id] = o
     missing = [i for i in ids if i not in final]
-    assert not missing, (f"requests {missing} never finished within {max_steps} steps: the scheduler "
-                         f"stopped scheduling them")
+    assert not missing, stalled(engine, missing, max_steps)
     failed = [final[i] for i in ids if final[i].finish_reason == "error"]
-    assert not failed, f"running request {failed[0].request_id} failed: {failed[0].error}"
+    if failed:  # the model's own error (a shape) would not say which rule the step broke
+        kind = re.search(r"\w+(Error|Exception)", failed[0].error or "")
+        raise AssertionError(
+            f"request {failed[0].request_id} failed while its step ran "
+            f"({kind.group(0) if kind else 'an error'}): "
+            f"the step the scheduler returned could not run; check rule 3 (n = tokens still needed) and "
+            f"rule 4 (slots reserved with allocate_slots before add/admit)")
     return [final[i] for i in ids]
+
+
+def stalled(engine: LLMEngine, missing: list[str], max_steps: int) -> str:
+    """Why requests never finished, naming the rule: a running request left unserved (rule 3) or a
+    waiting one never admitted (rules 6 and 8)."""
+    sched = engine.scheduler
+    running = [r.request_id for r in sched.running if r.request_id in missing]
+    if running:
+        last = {rid: i for i, r in enumerate(engine.trace) for rid, *_ in r.entries}
+        rid = running[0]
+        since = f"since step {last[rid]}" if rid in last else "ever"
+        return (f"rule 3: running request {rid} got no tokens {since} and never finished ({max_steps} "
+                f"steps): serve every running request, in order, each step while the budget lasts")
+    waiting = [r.request_id for r in sched.waiting if r.request_id in missing]
+    return (f"rules 6 and 8: waiting request {waiting[0] if waiting else missing[0]} was never admitted "
+            f"within {max_steps} steps, with {len(sched.running)} running of {engine.config.max_num_seqs} "
+            f"seats: admit the head of the queue whenever a seat and the budget allow")
 
 
 @functools.lru_cache(maxsize=None)

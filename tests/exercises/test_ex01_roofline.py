@@ -17,6 +17,11 @@ def ex(load):
     return load("ex01_roofline")
 
 
+def off(got: float, want: float) -> str:
+    """How far got is from want, relative: what the printed digits may not show."""
+    return f"off by {abs(got - want) / abs(want):.2g} relative" if want else f"off by {abs(got):.2g}"
+
+
 def model_configs():
     return st.builds(lambda h, heads, kv_div, inter, layers: ModelConfig(
         vocab_size=1000, hidden_size=h * heads, num_attention_heads=heads,
@@ -99,7 +104,7 @@ def test_ridge_point_and_critical_batch_size(ex, peak, bandwidth, dtype_bytes):
     got = ex.critical_batch_size(peak, bandwidth, dtype_bytes)
     assert got == pytest.approx(want), (
         f"critical batch size at {peak:.3g} FLOP/s, {bandwidth:.3g} B/s, {dtype_bytes}-byte weights: "
-        f"got {got:.4g}, expected {want:.4g}")
+        f"got {got:.8g}, expected {want:.8g} ({off(got, want)})")
 
 
 def test_kv_bytes_per_token(ex):
@@ -117,18 +122,19 @@ def test_decode_step_floor_matches_the_engine(ex, cfg, batch, ctx, dtype_bytes, 
     got = ex.decode_step_floor(cfg, batch, ctx, dtype_bytes, bandwidth, peak)
     cost = step_cost(cfg, [(1, ctx)] * batch, dtype_bytes)
     assert got == pytest.approx(want), (
-        f"decode floor of batch {batch} at context {ctx} ({dtype_bytes}-byte dtype): got {got:.4g} s, "
-        f"expected {want:.4g} s: {cost.total_bytes:.4g} bytes (weights once, K and V of every "
-        f"sequence, no embedding matrix) over {bandwidth:.3g} B/s, or {cost.total_flops:.4g} FLOPs over "
-        f"{peak:.3g} FLOP/s, whichever is longer")
+        f"decode floor of batch {batch} at context {ctx} ({dtype_bytes}-byte dtype): got {got:.8g} s, "
+        f"expected {want:.8g} s ({off(got, want)}): {cost.total_bytes:.8g} bytes (weights once, K and "
+        f"V of every sequence, no embedding matrix) over {bandwidth:.3g} B/s, or {cost.total_flops:.8g} "
+        f"FLOPs over {peak:.3g} FLOP/s, whichever is longer")
 
 
 def test_decode_floor_worked_example(ex):
     cfg = preset_config("llama-120m")
     one = ex.decode_step_floor(cfg, 1, 512, 4, 24.5e9, 195e9)
     assert one == pytest.approx(0.01688, rel=1e-3), (
-        f"llama-120m fp32, batch 1 at context 512, 24.5 GB/s: got {one:.4f} s; the input embedding is "
-        f"a gather, not a read of the whole matrix")
+        f"llama-120m fp32, batch 1 at context 512, 24.5 GB/s: got {one:.6g} s, expected about "
+        f"0.01688 s; the input embedding is a gather, not a read of the whole matrix")
     many = ex.decode_step_floor(cfg, 16, 2048, 4, 24.5e9, 195e9)
     assert many == pytest.approx(0.04971, rel=1e-3), (
-        f"batch 16 at context 2048: got {many:.4f} s; every sequence reads its own KV cache")
+        f"batch 16 at context 2048: got {many:.6g} s, expected about 0.04971 s; every sequence "
+        f"reads its own KV cache")

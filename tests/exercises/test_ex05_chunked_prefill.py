@@ -56,8 +56,9 @@ def test_chunks_fill_the_budget(scheduler):
             if kind == next_kind == "prefill" and not any(i <= p <= j for p in pre.get(rid, [])):
                 chunks += 1
                 assert engine.trace[i].num_tokens == budget, (
-                    f"step {i} cut request {rid}'s prompt after {n} tokens but scheduled only "
-                    f"{engine.trace[i].num_tokens} of the {budget}-token budget")
+                    f"rules 3 and 8: step {i} cut request {rid}'s prompt after {n} tokens, but the step "
+                    f"held {engine.trace[i].num_tokens} tokens of its {budget}-token budget: cut a prompt "
+                    f"only where the budget runs out, n = min(tokens still needed, budget left)")
     assert chunks, "no prompt was split into chunks, though prompts are longer than the budget"
 
 

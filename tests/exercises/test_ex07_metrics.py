@@ -17,7 +17,7 @@ def ex(load):
 
 
 def make_output(arrival, queue, gaps, state, prompt_len=4, rid="r"):
-    """gaps[0] is the prefill time, then one gap per further token; state: done|abort|running."""
+    """gaps[0] is the prefill time, then one gap per further token; state: done|abort|error|running."""
     m = RequestMetrics(arrival_time=arrival)
     t = arrival + queue
     m.first_scheduled_time = t
@@ -26,14 +26,14 @@ def make_output(arrival, queue, gaps, state, prompt_len=4, rid="r"):
         m.token_times.append(t)
     m.first_token_time = m.token_times[0] if m.token_times else None
     if state != "running":
-        m.finished_time = t + (0.001 if state == "abort" else 0.0)
+        m.finished_time = t + (0.001 if state in ("abort", "error") else 0.0)
     return RequestOutput(rid, list(range(prompt_len)), list(range(len(gaps))), state != "running",
-                         {"done": "length", "abort": "abort", "running": None}[state], m)
+                         {"done": "length", "abort": "abort", "error": "error", "running": None}[state], m)
 
 
 times = st.floats(0.0, 2.0, allow_nan=False)
 outputs = st.builds(make_output, st.floats(0.0, 100.0), times, st.lists(times, max_size=40),
-                    st.sampled_from(["done", "done", "done", "abort", "running"]))
+                    st.sampled_from(["done", "done", "done", "abort", "error", "running"]))
 
 
 def worked_example():
@@ -85,9 +85,13 @@ def test_goodput_matches_nanoserve(ex, outs, ttft_slo, tpot_slo, keys, duration)
 
 
 def test_goodput_counts_only_completed_requests(ex):
-    outs = [make_output(0.0, 0.0, [0.1, 0.1], s) for s in ("done", "abort", "running")]
+    outs = [make_output(0.0, 0.0, [0.1, 0.1], s) for s in ("done", "abort", "error", "running")]
     got = ex.goodput(outs, {"ttft": 1.0}, 1.0)
-    assert got == pytest.approx(1.0), f"one completed request in 1 s: expected 1.0 req/s, got {got}"
+    assert got == pytest.approx(1.0), (
+        f"one completed request in 1 s (the others aborted, failed with an error, still running): "
+        f"expected 1.0 req/s, got {got}")
+    failed = outs[2]
+    assert not ex.is_completed(failed), "is_completed: a request that finished with an error is not completed"
 
 
 @graded(60)

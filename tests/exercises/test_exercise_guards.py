@@ -4,7 +4,8 @@
   is untouched, the same docstrings);
 - the untouched skeletons fail every graded test (so no test passes vacuously);
 - every mutant in mutants/ (a wrong-but-plausible answer) fails some graded test;
-- no exercise imports nanoserve's own kernels (the answer key), and one that does scores 0;
+- no exercise imports the package's own implementation of what it grades (the answer key), and a
+  submission that imports it or calls its parent's version of the graded method scores 0, saying why;
 - a GQA slip in exercise 3 fails only its GQA tasks, with messages that say GQA;
 - every rule that exercise 4's docstring states has a graded test and a mutant.
 The solutions passing every graded test is the default run of tests/exercises itself.
@@ -17,7 +18,7 @@ import re
 from pathlib import Path
 
 import pytest
-from exercise_checks import answer_key_imports
+from exercise_checks import answer_key_hits, answer_key_imports
 
 from nanoserve.course.grade import graded_files, run_graded
 
@@ -161,8 +162,58 @@ def test_allowed_imports_are_not_flagged():
 
 def test_no_exercise_or_solution_imports_the_answer_key():
     for path in sorted([*(ROOT / "exercises").glob("ex*.py"), *(ROOT / "solutions").glob("ex*.py")]):
-        hits = answer_key_imports(path.read_text())
+        hits = answer_key_imports(path.read_text()) + answer_key_hits(path.name[:4], path.read_text())
         assert not hits, f"{path.relative_to(ROOT)} imports the answer key: {hits}"
+
+
+@pytest.mark.parametrize("ex_id, source", [
+    ("ex01", "from nanoserve.measure.roofline import step_cost"),
+    ("ex01", "from nanoserve.measure import roofline\nf = roofline.decode_step_floor"),
+    ("ex04", "from nanoserve.engine.scheduler import Scheduler"),
+    ("ex04", "from nanoserve.engine import Scheduler as S"),  # a re-export
+    ("ex04", "class C(B):\n    def schedule(self, now):\n        return super().schedule(now)"),
+    ("ex05", "class C(B):\n    def schedule(self, now):\n        return B.schedule(self, now)"),
+    ("ex05", "class C(B):\n    def schedule(self, now):\n        return self._schedule_running(8, now)"),
+    ("ex06", "from nanoserve.engine.kv_cache import hash_block"),
+    ("ex06", "from nanoserve.engine import KVCacheManager"),
+    ("ex07", "import nanoserve.measure.metrics as m"),
+    ("ex07", "from nanoserve.measure.metrics import completed")])
+def test_each_exercise_answer_key_is_found(ex_id, source):
+    assert answer_key_hits(ex_id, source), f"{ex_id}: not flagged: {source!r}"
+
+
+@pytest.mark.parametrize("ex_id, source", [
+    ("ex04", "from nanoserve.engine.scheduler import SchedulerBase, SchedulerOutput"),
+    ("ex05", "from .ex04_scheduler import BaseScheduler\nclass C(BaseScheduler):\n"
+             "    def schedule(self, now):\n        return self.helper(now)"),
+    ("ex06", "from collections import OrderedDict\nimport hashlib"),
+    ("ex07", "import numpy as np\nfrom nanoserve.outputs import RequestOutput"),
+    ("ex01", "from nanoserve.config import ModelConfig")])
+def test_allowed_code_is_not_flagged(ex_id, source):
+    assert answer_key_hits(ex_id, source) == []
+
+
+DELEGATES = {"ex01_roofline": "ex01_delegates_to_roofline", "ex04_scheduler": "ex04_delegates_to_scheduler",
+             "ex05_chunked_prefill": "ex05_delegates_to_scheduler",
+             "ex06_prefix_cache": "ex06_delegates_to_kv_cache", "ex07_metrics": "ex07_delegates_to_metrics"}
+
+
+@pytest.fixture(scope="module")
+def delegate_run():
+    """Each of ex01, ex04-ex07 replaced by a submission that hands the work to the package."""
+    env = {"NANOSERVE_IMPL_OVERRIDES": ";".join(f"{m}={MUTANTS_DIR / f}.py" for m, f in DELEGATES.items())}
+    return run_graded([m[:4] for m in DELEGATES], impl="solutions", env=env, timeout=600)
+
+
+@pytest.mark.parametrize("module", sorted(DELEGATES))
+def test_a_delegating_submission_scores_zero_and_says_why(delegate_run, module):
+    cases = [c for c in delegate_run.cases if c.exercise == module[:4]]
+    assert cases, delegate_run.output[-3000:]
+    passed = [c.case for c in cases if c.outcome != "failed"]
+    assert not passed, f"{DELEGATES[module]} hands the work to the package and still passes {passed}"
+    vague = [c.message for c in cases
+             if not c.message.startswith("0 points") or "answer key" not in c.message]
+    assert not vague, f"failures that don't say the module uses the answer key: {vague[:2]}"
 
 
 @pytest.fixture(scope="module")

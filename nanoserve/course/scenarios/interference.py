@@ -108,11 +108,13 @@ class InterferenceRun:
                 "steps": len(self.result.trace)}
 
 
-def run_interference(engine_or_llm, setup: InterferenceSetup, budget: int | None) -> InterferenceRun:
+def run_interference(engine_or_llm, setup: InterferenceSetup, budget: int | None,
+                     scheduler=None) -> InterferenceRun:
     """Replay the setup's workload with chunked prefill at `budget` tokens per step, or without
-    chunking (budget None: the step budget fits a whole long prompt plus every decoder)."""
+    chunking (budget None: the step budget fits a whole long prompt plus every decoder);
+    scheduler: a scheduler class in place of the engine's."""
     whole = setup.long_prompt_len + setup.num_decoders
-    engine = fresh_engine(engine_or_llm, enable_prefix_caching=False,
+    engine = fresh_engine(engine_or_llm, scheduler_cls=scheduler, enable_prefix_caching=False,
                           enable_chunked_prefill=budget is not None,
                           max_num_batched_tokens=budget or whole,
                           max_num_seqs=max(engine_of(engine_or_llm).config.max_num_seqs,
@@ -122,12 +124,13 @@ def run_interference(engine_or_llm, setup: InterferenceSetup, budget: int | None
 
 
 def interference_grid(engine_or_llm, setup: InterferenceSetup, budgets: Sequence[int],
-                      progress: bool = True) -> list[InterferenceRun]:
-    """No chunking, then each budget: one measured replay each (a progress bar over runs)."""
+                      progress: bool = True, scheduler=None) -> list[InterferenceRun]:
+    """No chunking, then each budget: one measured replay each (a progress bar over runs).
+    scheduler: a chunked-prefill scheduler class (exercise 5's) for the chunked runs."""
     from tqdm.auto import tqdm
     runs = []
     for b in tqdm([None, *budgets], desc="token budgets", unit="run", disable=not progress):
-        runs.append(run_interference(engine_or_llm, setup, b))
+        runs.append(run_interference(engine_or_llm, setup, b, None if b is None else scheduler))
     return runs
 
 

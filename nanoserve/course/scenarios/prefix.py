@@ -59,12 +59,20 @@ def shared_prefix_workload(engine_or_llm, num_requests: int, prefix_len: int, su
     return Workload("shared_prefix", desc, reqs), rate
 
 
-def prefix_cache_compare(engine_or_llm, workload: Workload, progress: bool = True) -> dict:
-    """The same workload with prefix caching off, then on (each on an empty cache).
-    -> {"off": BenchResult, "on": BenchResult}."""
+def prefix_cache_compare(engine_or_llm, workload: Workload, progress: bool = True,
+                         kv_manager_cls=None) -> dict:
+    """The same workload with prefix caching off, then on (each on an empty cache); with
+    kv_manager_cls (exercise 6's pool, course.exercise_plugins), once more on that cache, prompts
+    whole (it admits whole prompts). -> {"off": BenchResult, "on": BenchResult[, "yours": ...]}."""
+    runs = [("off", False, None, {}), ("on", True, None, {})]
+    if kv_manager_cls is not None:
+        longest = max(len(r.prompt_token_ids) for r in workload.requests)
+        budget = max(engine_of(engine_or_llm).config.max_num_batched_tokens, longest + 64)
+        runs.append(("yours", True, kv_manager_cls,
+                     dict(enable_chunked_prefill=False, max_num_batched_tokens=budget)))
     out = {}
-    for name, on in (("off", False), ("on", True)):
-        engine = fresh_engine(engine_or_llm, enable_prefix_caching=on)
+    for name, on, kv_cls, extra in runs:
+        engine = fresh_engine(engine_or_llm, kv_manager_cls=kv_cls, enable_prefix_caching=on, **extra)
         out[name] = bench.replay(engine, workload, progress=progress, warmup=0,
                                  label=device_label(engine))
     return out
@@ -84,8 +92,11 @@ def prefix_summary(result: bench.BenchResult) -> dict:
             "duration (s)": result.duration}
 
 
+LABELS = {"off": "off", "on": "on", "yours": "on, your ex06 pool"}
+
+
 def prefix_table(results: dict) -> Table:
-    return Table([prefix_summary(r) for r in results.values()],
+    return Table([{**prefix_summary(r), "prefix caching": LABELS.get(k, k)} for k, r in results.items()],
                  f"Prefix caching off vs on, {results['on'].device_label}", ".1f")
 
 

@@ -46,7 +46,8 @@ def _ordered(runs):
 def plot_budget_tradeoff(runs, ax=None, reference=None):
     """Worst decoder stall and the long prompts' TTFT at each token budget. reference:
     course.reference's (label, [(run label, worst ITL ms, p99 ITL ms, median TTFT ms)]) of
-    another machine, drawn in grey at the runs of the same label."""
+    another machine, or a list of them (reference.all_series: every device recorded), each drawn
+    in its own grey at the runs of the same label."""
     ax = get_axes(ax, (7, 3.8))
     runs = _ordered(runs)
     x = np.arange(len(runs))
@@ -56,12 +57,14 @@ def plot_budget_tradeoff(runs, ax=None, reference=None):
     ax.plot(x, spike, "o-", color=DECODE_COLOR, label="decoders: worst ITL (ms)")
     ax.plot(x, p99, "o:", color=DECODE_COLOR, alpha=0.6, label="decoders: p99 ITL (ms)")
     ax.plot(x, first, "s-", color=PREFILL_COLOR, label="long prompts: median TTFT (ms)")
-    if reference is not None:
-        at = {r.label: i for i, r in enumerate(runs)}
-        ref = [row for row in reference[1] if row[0] in at]
+    refs = [] if reference is None else [reference] if isinstance(reference[0], str) else list(reference)
+    at = {r.label: i for i, r in enumerate(runs)}
+    for k, (name, points) in enumerate(refs):
+        ref = [row for row in points if row[0] in at]
+        grey = str(0.35 + 0.4 * k / max(1, len(refs) - 1))  # one shade per device
         for col, marker in ((1, "o"), (3, "s")):
-            ax.plot([at[row[0]] for row in ref], [row[col] for row in ref], marker, color="0.6", ms=5,
-                    mfc="none", label=f"reference: {reference[0]}" if col == 1 else None)
+            ax.plot([at[row[0]] for row in ref], [row[col] for row in ref], marker + "--", color=grey,
+                    ms=5, mfc="none", lw=0.8, label=f"reference: {name}" if col == 1 else None)
     ax.set_xticks(x, ["no\nchunking" if r.budget is None else str(r.budget) for r in runs])
     _log(ax, "y")
     ax.set_xlabel("token budget per step, max_num_batched_tokens (tokens)")

@@ -15,7 +15,7 @@ def plot_prefix_compare(results: dict, axes=None):
         _, axes = plt.subplots(1, 2, figsize=(12, 3.8), constrained_layout=True,
                                gridspec_kw={"width_ratios": [2, 1]})
     ax, bx = axes
-    colors = {"off": "0.45", "on": "tab:green"}
+    colors = {"off": "0.45", "on": "tab:green", "yours": "tab:purple"}  # yours: an ex06 pool
     names = list(results)
     for name in names:
         res = results[name]
