@@ -52,7 +52,7 @@ CLAIMS = {
                 "past capacity throughput holds while the requests meeting the SLO fall"),
     "token-cost": ("08", "Why an output token costs more",
                    "an output token needs a memory-bound step; an input token shares a compute-bound one"),
-    "disaggregation": ("09", "1. Disaggregation for real on this machine (measured)",
+    "disaggregation": ("09", "Part 1 · On this machine",
                        "prefill and decode on separate instances: the ITL tail goes, TTFT pays"),
 }
 LIVE_NOTE = ("<p><em>Interactive in JupyterLab: run this lesson there to move the controls. "
