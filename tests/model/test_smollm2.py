@@ -162,3 +162,15 @@ def test_serve_answers_the_openai_chat_call(folder):
         assert reply.choices[0].finish_reason == "stop"  # <|im_end|>, the template's end of turn
     finally:
         srv.stop()
+
+
+def test_fetch_cli_and_preflight_report_the_cached_copy(folder, capsys, tmp_path, monkeypatch):
+    from nanoserve.__main__ import main
+    from nanoserve.course import preflight
+    assert main(["fetch", NAME]) == 0 and capsys.readouterr().out.strip() == folder
+    assert preflight.check_real_model(fetch=False).status == "OK"
+    monkeypatch.setenv("NANOSERVE_CACHE_DIR", str(tmp_path))
+    missing = preflight.check_real_model(fetch=False)
+    assert missing.status == "WARN" and f"python -m nanoserve fetch {NAME}" in missing.fix
+    with pytest.raises(SystemExit):
+        main(["fetch", "no-such-model"])
