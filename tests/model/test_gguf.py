@@ -151,3 +151,25 @@ def test_missing_or_foreign_files_are_clear_errors(tmp_path):
     bad.write_bytes(b"not a gguf file at all" * 10)
     with pytest.raises(ValueError, match="is not a GGUF file"):
         LLM(str(bad))
+
+
+@pytest.mark.slow
+def test_serve_a_gguf_uses_its_chat_template(files):
+    import httpx
+    from tokenizers import Tokenizer
+
+    from nanoserve.serve.chat_template import ChatTemplate
+    from nanoserve.serve.launch import ServerProcess
+    path = files["Q8_0"]
+    srv = ServerProcess(path, "--num-kv-blocks", "64", "--uvicorn-log-level", "warning",
+                        env={"OMP_NUM_THREADS": "1"}).start()  # our NANOSERVE_CACHE_DIR: one conversion
+    try:
+        msgs = [{"role": "user", "content": "Good morrow"}]
+        r = httpx.post(srv.base_url + "/v1/chat/completions", timeout=60,
+                       json={"model": path, "messages": msgs, "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200, r.text
+    finally:
+        srv.stop()
+    tok = Tokenizer.from_file(os.path.join(fetch.gguf_folder(path), "tokenizer.json"))
+    rendered = ChatTemplate(CHAT_TEMPLATE).render(msgs, True)  # the template the GGUF carries
+    assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(rendered).ids)
