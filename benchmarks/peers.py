@@ -5,7 +5,8 @@
                                [--scenarios b1,offline,profile]
 
 The llama-120m preset's random weights are saved as an HF checkpoint and every system loads
-that folder. Each figure is computed the same way for every system from the same jobs
+that folder (`--model smollm2-135m`: the real model's converted folder, as it is). Each figure
+is computed the same way for every system from the same jobs
 (peer_systems.py runs them); all outputs have fixed lengths (greedy, EOS ignored):
 - batch-1 decode: one prompt run for N tokens and for 1; ITL = (t_N - t_1) / (N - 1), so
   prefill and fixed per-call costs cancel. Beside it the roofline floor of that step (weight
@@ -43,11 +44,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # peer_systems beside this file
 from peer_systems import VLLM, HFContinuous, HFGenerate, NanoServe, vllm_available  # noqa: E402
 
+from nanoserve.config import ModelConfig  # noqa: E402
 from nanoserve.measure import roofline  # noqa: E402
 from nanoserve.measure.ceilings import device_name  # noqa: E402
 from nanoserve.measure.workload import interference, shared_prefix, synthetic  # noqa: E402
 from nanoserve.model import load_model  # noqa: E402
-from nanoserve.model.loader import save_hf_checkpoint  # noqa: E402
+from nanoserve.model.loader import resolve_model_path, save_hf_checkpoint  # noqa: E402
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SIZES = {
@@ -354,10 +356,15 @@ def measure(names: list[str], model: str, sz: dict, args) -> dict:
     # measured now, not read from the cache: these VMs' bandwidth moves by 30% between hours
     ceilings = roofline.load_or_measure_ceilings("cpu", refresh=True, quick=args.quick)
     raw, figs, floors, errors, versions = {}, {}, {}, {}, {}
-    with tempfile.TemporaryDirectory() as folder:
-        net, cfg, _ = load_model(model, "cpu", "float32", seed=0)
-        save_hf_checkpoint(net, folder)  # every system loads these very weights
-        del net
+    with tempfile.TemporaryDirectory() as tmp:
+        if model.startswith("preset:"):
+            folder = tmp
+            net, cfg, _ = load_model(model, "cpu", "float32", seed=0)
+            save_hf_checkpoint(net, folder)  # every system loads these very weights
+            del net
+        else:  # a checkpoint (smollm2-135m: its converted folder), loaded by every system as it is
+            folder = resolve_model_path(model)
+            cfg = ModelConfig.from_json(os.path.join(folder, "config.json"))
         jobs = [j for j in plan(sz, cfg.vocab_size, args.seed)
                 if args.scenarios is None or j["scenario"] in args.scenarios]
         for dtype in args.dtypes.split(","):
@@ -392,7 +399,8 @@ def measure(names: list[str], model: str, sz: dict, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="default preset:llama-120m (--quick: preset:tiny)")
+    ap.add_argument("--model", default=None, help="default preset:llama-120m (--quick: preset:tiny); "
+                    "or a checkpoint, e.g. smollm2-135m (the course's real model)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--only", default="nanoserve,hf,vllm",
                     help="systems: nanoserve, hf (= hf-generate,hf-cb), hf-generate, hf-cb, vllm")

@@ -1,4 +1,4 @@
-"""Command line: `python -m nanoserve demo | serve | loadgen | bench | roofline | grade`."""
+"""Command line: `python -m nanoserve demo | serve | loadgen | bench | roofline | grade | fetch`."""
 
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     r.add_argument("--device", default="cpu")
     r.add_argument("--refresh", action="store_true", help="measure again even if cached")
     r.add_argument("--quick", action="store_true", help="smaller, faster measurements")
+    f = sub.add_parser("fetch", help="download and convert a named model once (smollm2-135m)")
+    f.add_argument("name", help="a named model, e.g. smollm2-135m, or a .gguf file")
     args = ap.parse_args(argv)
     if args.cmd == "demo":
         from nanoserve.course.demo import run_demo
@@ -41,6 +43,12 @@ def main(argv=None) -> int:
     elif args.cmd == "roofline":
         from nanoserve.measure.roofline import format_ceilings, load_or_measure_ceilings
         print(format_ceilings(load_or_measure_ceilings(args.device, args.refresh, args.quick)))
+    elif args.cmd == "fetch":
+        from nanoserve.model.fetch import is_fetchable, resolve
+        if not is_fetchable(args.name):
+            from nanoserve.model.fetch import NAMED_MODELS
+            ap.error(f"fetch {args.name!r}: not a named model {sorted(NAMED_MODELS)} nor a .gguf file")
+        print(resolve(args.name))
     return 0
 
 

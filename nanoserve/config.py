@@ -112,9 +112,10 @@ class EngineConfig:
     (and headroom for activations). On a CPU, as vLLM 0.32's CPU worker does (vLLM applies
     gpu_memory_utilization to host memory there): gpu_memory_utilization of the machine's
     memory minus what the process holds once the model is loaded; never so much that less than
-    (1 - gpu_memory_utilization) of the machine's memory stays available, nor more blocks than
-    max_num_seqs requests of max_model_len tokens can use (llama-120m, max_model_len 4096: at
-    most 3 GiB in bf16, 6 GiB in fp32; preset:tiny 512 MiB in fp32).
+    (1 - gpu_memory_utilization) of the machine's memory stays available, nor more than 4 GiB or
+    half of the memory available at the start (so a notebook fits the next engine), nor more
+    blocks than max_num_seqs requests of max_model_len tokens can use (llama-120m, max_model_len
+    4096: at most 3 GiB in bf16, 4 GiB in fp32; preset:tiny 512 MiB in fp32).
     """
 
     block_size: int = 16  # tokens per KV-cache block

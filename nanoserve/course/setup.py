@@ -99,11 +99,14 @@ SIZES: dict[str, dict[str, dict]] = {
     },
     "07": {
         "quick": dict(num_requests=16, input_median=64, output_median=24,
-                      short_output_median=8, rate_fractions=(0.4, 0.8, 1.2), sweep_requests=12),
+                      short_output_median=8, rate_fractions=(0.4, 0.8, 1.2), sweep_requests=12,
+                      real_chats=6, real_chat_max_tokens=48),
         "cpu": dict(num_requests=16, input_median=64, output_median=24,
-                    short_output_median=8, rate_fractions=(0.3, 0.6, 0.9, 1.2), sweep_requests=24),
+                    short_output_median=8, rate_fractions=(0.3, 0.6, 0.9, 1.2), sweep_requests=24,
+                    real_chats=12, real_chat_max_tokens=96),
         "cuda": dict(num_requests=100, input_median=512, output_median=96,
-                     short_output_median=32, rate_fractions=(0.3, 0.6, 0.9, 1.2), sweep_requests=150),
+                     short_output_median=32, rate_fractions=(0.3, 0.6, 0.9, 1.2), sweep_requests=150,
+                     real_chats=12, real_chat_max_tokens=128),
     },
     "08": {
         "quick": dict(num_requests=8, input_len=96, output_len=16, caps=(1, 4, 8)),

@@ -44,12 +44,21 @@ def num_kv_blocks_for(ecfg: EngineConfig, mcfg: ModelConfig, dtype, device, max_
         budget = cpu_kv_cache_budget(ecfg.gpu_memory_utilization)
         # a cap, so a small model on a big machine does not take gigabytes it can never use
         most_needed = ecfg.max_num_seqs * -(-max_model_len // ecfg.block_size)
-    blocks = num_blocks_in(budget, mcfg, dtype, ecfg.block_size)
+    block = kv_bytes_per_block(mcfg, ecfg.block_size, dtype)
+    blocks = num_blocks_in(max(budget, 0), mcfg, dtype, ecfg.block_size)
     if blocks < 1:
-        raise ValueError(f"KV cache budget of {budget} bytes holds no block of "
-                         f"{kv_bytes_per_block(mcfg, ecfg.block_size, dtype)} bytes; raise "
-                         "kv_cache_memory / gpu_memory_utilization or set num_kv_blocks")
+        raise ValueError(f"the KV cache gets {max(budget, 0) / 2**20:.0f} MiB, less than one block "
+                         f"({block} bytes): {_memory_held(device)}; pass num_kv_blocks=N (N blocks of "
+                         f"{ecfg.block_size} tokens, {block} bytes each) or kv_cache_memory=BYTES, or free "
+                         "an engine first (del llm; gc.collect())")
     return blocks if most_needed is None else min(blocks, most_needed)
+
+
+# On a CPU the default KV cache is at most CPU_KV_CACHE_SPACE bytes (vLLM's CPU backend documents
+# a fixed VLLM_CPU_KVCACHE_SPACE of 4 GiB by default) and half of the memory available when the
+# engine starts, so that a notebook can build the next engine it compares.
+CPU_KV_CACHE_SPACE = 4 * 2**30
+CPU_KV_SHARE_OF_AVAILABLE = 0.5
 
 
 def cpu_kv_cache_budget(utilization: float) -> int:
@@ -57,11 +66,26 @@ def cpu_kv_cache_budget(utilization: float) -> int:
     vllm/v1/worker/cpu_worker.py): `utilization` of the machine's memory minus what this process
     holds once the model is loaded (its resident memory). vLLM refuses to start when the memory
     available now is short of that share; a laptop runs other programs, so here the budget is
-    cut instead, to keep (1 - utilization) of the machine's memory available."""
+    cut instead, to keep (1 - utilization) of the machine's memory available; and it is capped
+    as above (CPU_KV_CACHE_SPACE, CPU_KV_SHARE_OF_AVAILABLE). kv_cache_memory sets it outright."""
     import psutil
     mem = psutil.virtual_memory()
     held = psutil.Process().memory_info().rss
-    return int(min(mem.total * utilization - held, mem.available - mem.total * (1 - utilization)))
+    return int(min(mem.total * utilization - held, mem.available - mem.total * (1 - utilization),
+                   mem.available * CPU_KV_SHARE_OF_AVAILABLE, CPU_KV_CACHE_SPACE))
+
+
+def _memory_held(device) -> str:
+    """What holds the memory now, for the error that says none is left."""
+    gib = 2**30
+    if str(device).startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return f"{(total - free) / gib:.1f} of the device's {total / gib:.1f} GiB are in use"
+    import psutil
+    mem = psutil.virtual_memory()
+    return (f"this process already holds {psutil.Process().memory_info().rss / gib:.1f} GiB "
+            f"(models, other engines' KV caches) and {mem.available / gib:.1f} of the machine's "
+            f"{mem.total / gib:.1f} GiB are available")
 
 
 def check_device(device) -> str:

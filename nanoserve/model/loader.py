@@ -1,4 +1,5 @@
-"""Build a model from a name: a local HF checkpoint folder, a hub id, or `preset:NAME`.
+"""Build a model from a name: a local HF checkpoint folder, a hub id, `preset:NAME`, a named real
+model (`smollm2-135m`) or a `.gguf` file (both converted once to a folder: model/fetch.py).
 
 HF checkpoints keep q/k/v and gate/up as separate tensors; our model fuses them, so
 loading concatenates (and saving splits, so random presets can be handed to HF
@@ -12,6 +13,8 @@ import glob
 import json
 import os
 import re
+import sys
+import time
 
 import torch
 from safetensors import safe_open
@@ -19,6 +22,8 @@ from safetensors.torch import save_file
 
 from nanoserve.config import ModelConfig
 from nanoserve.kernels.cpu_gemm import PackedLinear
+from nanoserve.model import fetch
+from nanoserve.model.hf_config import hf_config_dict
 from nanoserve.model.llama import LlamaForCausalLM
 from nanoserve.model.presets import preset_config
 
@@ -43,11 +48,14 @@ def resolve_dtype(dtype) -> torch.dtype:
 
 
 def resolve_model_path(model: str) -> str:
-    """A local folder as is; otherwise a hub id downloaded with huggingface_hub (online only)."""
+    """A local folder as is; a named model or .gguf file as its converted folder; otherwise a hub
+    id downloaded with huggingface_hub (online only)."""
     if os.path.isdir(model):
         if not os.path.isfile(os.path.join(model, "config.json")):
             raise FileNotFoundError(f"model folder {model!r} has no config.json")
         return model
+    if fetch.is_fetchable(model):
+        return fetch.resolve(model)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", model) and not os.path.exists(os.path.dirname(model) or "."):
         try:
             from huggingface_hub import snapshot_download
@@ -56,7 +64,8 @@ def resolve_model_path(model: str) -> str:
                                     "is not installed to download it") from e
         return snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "tokenizer*"])
     raise FileNotFoundError(f"model {model!r}: no such checkpoint folder (expected config.json + "
-                            "*.safetensors), and not a preset ('preset:NAME') or hub id ('org/name')")
+                            "*.safetensors), and not a preset ('preset:NAME'), a named model "
+                            f"({sorted(fetch.NAMED_MODELS)}), a .gguf file or a hub id ('org/name')")
 
 
 def _hf_to_ours(name: str):
@@ -117,6 +126,7 @@ def load_model(model: str | ModelConfig, device="cpu", dtype="float32", seed: in
     model: a checkpoint folder, a hub id, "preset:NAME", or a ModelConfig (random weights of
     that shape, like a preset)."""
     torch_dtype = resolve_dtype(dtype)
+    start = time.perf_counter()
     if isinstance(model, ModelConfig):
         cfg, folder = model, None
     elif model.startswith("preset:"):
@@ -132,21 +142,10 @@ def load_model(model: str | ModelConfig, device="cpu", dtype="float32", seed: in
         load_weights(net, folder)
     net = net.to(device=device, dtype=torch_dtype).eval()
     net.cos_sin_cache = net.cos_sin_cache.float()  # rotary tables stay fp32 whatever the dtype
+    if folder is not None and folder != model:  # converted or downloaded: say from where, how fast
+        print(f"nanoserve: loaded {model} from {folder} in {time.perf_counter() - start:.1f} s",
+              file=sys.stderr)
     return net, cfg, folder
-
-
-def hf_config_dict(cfg: ModelConfig) -> dict:
-    """config.json for HF transformers describing the same shape."""
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-    d = {k: getattr(cfg, k) for k in (
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
-        "max_position_embeddings", "tie_word_embeddings", "bos_token_id", "eos_token_id")}
-    d.update(architectures=[arch[cfg.architecture]], model_type=cfg.architecture,
-             hidden_act="silu", torch_dtype="float32")
-    if cfg.architecture == "llama":
-        d["attention_bias"] = cfg.attention_bias
-    return d
 
 
 def save_hf_checkpoint(model: LlamaForCausalLM, folder: str) -> None:

@@ -28,6 +28,8 @@ from contextlib import asynccontextmanager
 from nanoserve.config import EngineConfig
 from nanoserve.engine import LLMEngine
 from nanoserve.model import DEMO_MODEL_DIR
+from nanoserve.model.fetch import is_fetchable
+from nanoserve.model.loader import resolve_model_path
 from nanoserve.sampling_params import SamplingParams
 from nanoserve.serve.app import build_app
 from nanoserve.serve.async_engine import AsyncEngine
@@ -41,7 +43,8 @@ log = logging.getLogger("nanoserve.serve")
 
 def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("model", nargs="?", default=None,
-                    help="checkpoint folder, hub id or preset:NAME (default: the demo model)")
+                    help="checkpoint folder, hub id, preset:NAME, a .gguf file or smollm2-135m "
+                         "(default: the demo model)")
     ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
@@ -95,6 +98,8 @@ def build(args):
         return engine
 
     folder = args.model if args.model and os.path.isdir(args.model) else None
+    if args.model and folder is None and is_fetchable(args.model):
+        folder = resolve_model_path(args.model)  # downloaded or converted once, before the engine loads
     if args.model is None and os.path.isfile(os.path.join(DEMO_MODEL_DIR, "config.json")):
         folder = DEMO_MODEL_DIR  # what LLMEngine loads by default
     is_demo = folder is not None and os.path.realpath(folder) == os.path.realpath(DEMO_MODEL_DIR)

