@@ -64,7 +64,8 @@ class CudaGraphRunner:
         torch.cuda.synchronize()
 
     def can_run(self, seqs) -> bool:
-        return (self.enabled and len(seqs) <= self.sizes[-1] and all(s.is_decode for s in seqs)
+        return (self.enabled and len(seqs) <= self.sizes[-1]
+                and all(s.is_decode and len(s.token_ids) == 1 for s in seqs)  # no drafts to check
                 and max(len(s.block_ids) for s in seqs) <= self.max_blocks)
 
     def run(self, input_ids, positions, attn: AttentionMetadata) -> torch.Tensor:
