@@ -111,7 +111,7 @@ class LLMEngine:
                 config.block_size, self.model_config.vocab_size)
             self.scheduler.connector = self.kv_connector
         # drafts tokens between steps (speculative decoding; the NullProposer drafts none)
-        self.proposer = make_proposer(config.speculative_config, executor)
+        self.proposer = make_proposer(config, executor, num_blocks)
         self.requests: dict[str, Request] = {}
         self.trace: list[StepRecord] = []
         self.num_steps = 0

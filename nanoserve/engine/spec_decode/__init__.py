@@ -3,23 +3,27 @@ the scheduler's next step and engine/rejection_sampler.py).
 
     Proposer, NullProposer   the bookkeeping every method shares; speculation off   (proposer.py)
     NgramProposer            prompt lookup in the request's own tokens               (ngram.py)
+    DraftModelProposer       a smaller model of the same vocabulary, greedy          (draft_model.py)
 """
 
 from __future__ import annotations
 
-from nanoserve.config import SpeculativeConfig
+from nanoserve.config import EngineConfig
+from nanoserve.engine.spec_decode.draft_model import DraftModelProposer
 from nanoserve.engine.spec_decode.ngram import NgramProposer, ngram_lookup
 from nanoserve.engine.spec_decode.proposer import NullProposer, Proposer
 
 
-def make_proposer(config: SpeculativeConfig | None, executor=None) -> Proposer:
-    """The proposer of a speculative config (None: the NullProposer). `executor` runs the target
-    model: a draft model is loaded beside it, on its device and in its dtype."""
-    if config is None:
+def make_proposer(config: EngineConfig, executor, num_kv_blocks: int) -> Proposer:
+    """The proposer of config.speculative_config (None: the NullProposer). A draft model is
+    loaded beside the executor's target model, on its device and in its dtype, with a KV cache
+    of num_kv_blocks blocks."""
+    spec = config.speculative_config
+    if spec is None:
         return NullProposer()
-    if config.method == "ngram":
-        return NgramProposer(config)
-    raise NotImplementedError(f"speculative method {config.method!r}")
+    if spec.method == "ngram":
+        return NgramProposer(spec)
+    return DraftModelProposer(spec, executor, config, num_kv_blocks)
 
 
-__all__ = ["NgramProposer", "NullProposer", "Proposer", "make_proposer", "ngram_lookup"]
+__all__ = ["DraftModelProposer", "NgramProposer", "NullProposer", "Proposer", "make_proposer", "ngram_lookup"]
