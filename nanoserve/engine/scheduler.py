@@ -206,14 +206,19 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = req.num_tokens - req.num_computed_tokens
+            num_drafts = 0
             if n == 1:  # a decode checks its drafts in the same pass, as many as the budget takes
-                n += min(len(req.spec_token_ids), budget - 1)
+                num_drafts = min(len(req.spec_token_ids), budget - 1)
+                n += num_drafts
             if self.config.enable_chunked_prefill:
                 n = min(n, budget)
             elif n > budget:
                 i += 1
                 continue
             while not self.kv.allocate_slots(req, n):
+                if num_drafts:  # drafts never cost another request its blocks: drop them first
+                    n, num_drafts = n - num_drafts, 0
+                    continue
                 victim = self.running[-1]  # the most recently admitted
                 self.preempt(victim, out)
                 if victim is req:

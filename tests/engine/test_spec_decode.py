@@ -115,7 +115,7 @@ def periodic_engine(k=5, **kw):
     """The real scheduler over FakeExecutor, whose output repeats every 5 positions: a prompt of
     two periods makes every draft right, from the first decode on."""
     executor = FakeExecutor(vocab_size=500, block_size=4, period=5)
-    config = EngineConfig(block_size=4, num_kv_blocks=64, **kw)
+    config = EngineConfig(**(dict(block_size=4, num_kv_blocks=64) | kw))
     return LLMEngine.from_executor(executor, config, speculative_config=ngram(k)), executor
 
 
@@ -203,3 +203,15 @@ def test_speculative_config_defaults_are_vllms():
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (4, 4)
     assert SpeculativeConfig(model="some/model", num_speculative_tokens=2).method == "draft_model"
     assert EngineConfig().num_speculative_tokens == 0
+
+
+def test_drafts_are_dropped_before_they_would_preempt_a_request():
+    engine, ex = periodic_engine(num_kv_blocks=6)  # two prompts of 11 tokens: 3 blocks each
+    prompts = [[ex.token(rid, i) for i in range(11)] for rid in ("0", "1")]
+    for p in prompts:
+        engine.add_request(p, SamplingParams(max_tokens=4, temperature=0))
+    engine.step()  # both prefills: every block in use, drafts proposed
+    assert all(r.spec_token_ids for r in engine.requests.values())
+    outs = engine.step()  # each decode fits its last block; its drafts would need more
+    assert len(outs) == 2 and engine.stats.preemptions == 0
+    assert engine.stats.spec_decode_num_drafts == 0
