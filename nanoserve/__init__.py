@@ -7,11 +7,11 @@ The package is layered, top to bottom (an import goes down or stays inside its l
 course -> sim, serve -> measure -> engine -> model -> kernels -> config, sampling_params, outputs.
 """
 
-from nanoserve.config import EngineConfig, ModelConfig
+from nanoserve.config import EngineConfig, ModelConfig, SpeculativeConfig
 from nanoserve.engine import LLM, LLMEngine, StepRecord
 from nanoserve.outputs import RequestMetrics, RequestOutput
 from nanoserve.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "ModelConfig", "SamplingParams", "RequestOutput",
-           "RequestMetrics", "StepRecord"]
+           "RequestMetrics", "SpeculativeConfig", "StepRecord"]

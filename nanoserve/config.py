@@ -103,6 +103,90 @@ class ModelConfig:
             return cls.from_hf_dict(json.load(f))
 
 
+SPECULATIVE_METHODS = ("ngram", "draft_model")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding, with vLLM's SpeculativeConfig names and defaults (vllm/config/
+    speculative.py, vLLM 0.32): a proposer drafts up to num_speculative_tokens tokens per decode
+    and the target model checks them all in the next step.
+
+    method: "ngram" (prompt lookup in the request's own tokens) or "draft_model" (a smaller model
+        with the target's vocabulary, `model`); left None, `model` implies "draft_model".
+    prompt_lookup_max / prompt_lookup_min: the n-gram lengths ngram matches, longest first; one
+        given sets the other, neither given sets both to 5 (vLLM's defaults).
+    disable_by_batch_size: no drafts while this many requests or more are running (batching has
+        spent the spare compute already); None drafts at any batch size.
+    """
+
+    num_speculative_tokens: int | None = None
+    method: str | None = None
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+    model: str | None = None
+    disable_by_batch_size: int | None = None
+
+    def __post_init__(self):
+        def bad(name, allowed):
+            raise InvalidRequest("speculative_config", f"speculative_config {name}="
+                                                       f"{getattr(self, name)!r} is invalid; "
+                                                       f"allowed: {allowed}")
+
+        def integer(name, low, optional=True):
+            value = getattr(self, name)
+            if value is None and optional:
+                return
+            try:
+                value = as_int(name, value)
+            except InvalidRequest:
+                value = None
+            if value is None or value < low:
+                bad(name, f"{'None or ' if optional else ''}an integer >= {low}")
+            setattr(self, name, value)
+
+        if self.method is None and self.model is not None:
+            self.method = "draft_model"
+        if self.method not in SPECULATIVE_METHODS:
+            bad("method", " or ".join(map(repr, SPECULATIVE_METHODS)))
+        integer("num_speculative_tokens", 1, optional=False)
+        integer("disable_by_batch_size", 1)
+        if self.method == "ngram":
+            integer("prompt_lookup_max", 1)
+            integer("prompt_lookup_min", 1)
+            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+            self.prompt_lookup_min = lo if lo is not None else (hi if hi is not None else 5)
+            self.prompt_lookup_max = hi if hi is not None else self.prompt_lookup_min
+            if self.prompt_lookup_min > self.prompt_lookup_max:
+                raise InvalidRequest("speculative_config", f"speculative_config prompt_lookup_min="
+                                                           f"{self.prompt_lookup_min} must be <= "
+                                                           f"prompt_lookup_max={self.prompt_lookup_max}")
+            if self.model is not None:
+                bad("model", "None with method 'ngram' (a draft model needs method 'draft_model')")
+        elif not isinstance(self.model, str) or not self.model:
+            bad("model", "a checkpoint folder, a hub id or 'preset:NAME' (method 'draft_model')")
+
+    @classmethod
+    def parse(cls, value) -> SpeculativeConfig | None:
+        """A SpeculativeConfig, a dict of its fields, their JSON (`--speculative-config`), or None."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise InvalidRequest("speculative_config", f"--speculative-config is not JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise InvalidRequest("speculative_config", f"speculative_config={value!r} must be a "
+                                                       "SpeculativeConfig, a dict or JSON")
+        unknown = set(value) - {f.name for f in fields(cls)}
+        if unknown:
+            raise InvalidRequest("speculative_config", f"unknown speculative_config field(s) "
+                                                       f"{sorted(unknown)}; known: "
+                                                       f"{sorted(f.name for f in fields(cls))}")
+        return cls(**value)
+
+
 @dataclass
 class EngineConfig:
     """The serving engine's knobs (vLLM names where vLLM has the idea).
@@ -138,6 +222,8 @@ class EngineConfig:
     cuda_graph_batch_sizes: list[int] | None = None
     enforce_eager: bool = False  # CUDA: skip CUDA-graph capture
     compile: bool = False  # wrap the model in torch.compile
+    # speculative decoding: a SpeculativeConfig or a dict of its fields; None drafts nothing
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self):
         def check(name, ok, allowed):
@@ -194,6 +280,13 @@ class EngineConfig:
             check("cuda_graph_batch_sizes", sizes is not None and all(b >= 1 for b in sizes),
                   "None or a list of integers >= 1")
             self.cuda_graph_batch_sizes = sizes
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Drafts per decode at most: 0 without speculative decoding."""
+        spec = self.speculative_config
+        return 0 if spec is None else spec.num_speculative_tokens
 
     def max_model_len_for(self, model_config: ModelConfig) -> int:
         """max_model_len, or the model's max_position_embeddings; never beyond the latter."""

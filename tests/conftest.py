@@ -87,12 +87,18 @@ class FakeExecutor(Executor):
     fingerprint of its own prefix; a wrong read (a block served to another prefix, or never
     written) is recorded in `kv_errors`.
 
+    Drafts (speculative decoding) are checked as a model would: draft j is accepted while it is
+    the token of its position, and the token after the accepted run is returned with them. With
+    `period`, the token of position p is that of p % period, so output repeats and prompt lookup
+    guesses right.
+
     Failures to inject: fail[request_id] = "before" raises RequestFailed for that request before
     the step runs (nothing written), "sample" after it ran (the others' tokens come with it);
     fail_step = True makes the next step raise an error tied to nobody, after writing the KV of
     half its sequences."""
 
-    def __init__(self, vocab_size: int = 2000, block_size: int | None = None):
+    def __init__(self, vocab_size: int = 2000, block_size: int | None = None,
+                 period: int | None = None):
         self.model_config = ModelConfig(vocab_size=vocab_size, hidden_size=8, intermediate_size=8,
                                         num_hidden_layers=1, num_attention_heads=1,
                                         max_position_embeddings=4096, eos_token_id=0)
@@ -101,10 +107,24 @@ class FakeExecutor(Executor):
         self.fingerprints: dict[str, list[int]] = {}
         self.fail: dict[str, str] = {}
         self.fail_step = False
+        self.period = period
 
-    @staticmethod
-    def token(request_id: str, position: int) -> int:
+    def token(self, request_id: str, position: int) -> int:
+        if self.period:
+            position %= self.period
         return 1 + zlib.crc32(f"{request_id}:{position}".encode()) % 99
+
+    def verify(self, seq) -> int | list[int]:
+        """The token after the sequence's known tokens, or its agreed drafts and the next one."""
+        p = seq.start + len(seq.token_ids) - len(seq.spec_token_ids)  # the first sampled position
+        if not seq.spec_token_ids:
+            return self.token(seq.request_id, p)
+        out = []
+        for d in seq.spec_token_ids:
+            if d != self.token(seq.request_id, p + len(out)):
+                break
+            out.append(d)
+        return out + [self.token(seq.request_id, p + len(out))]
 
     def execute_model(self, out):
         self.steps.append(out)
@@ -120,8 +140,7 @@ class FakeExecutor(Executor):
             self._run_kv(seqs[:len(seqs) // 2])
             raise RuntimeError("injected failure of the whole step")
         self._run_kv(seqs)
-        sampled = {s.request_id: self.token(s.request_id, s.start + len(s.token_ids))
-                   for s, _ in seqs if s.sample}
+        sampled = {s.request_id: self.verify(s) for s, _ in seqs if s.sample}
         after = {rid for rid in sampled if self.fail.get(rid) == "sample"}
         if after:
             for rid in after:
@@ -135,22 +154,28 @@ class FakeExecutor(Executor):
         if self.block_size is None:
             return
         bs = self.block_size
+        fps = {s.request_id: self._fingerprints(req, s.spec_token_ids) for s, req in seqs}
         for s, req in seqs:
-            fp = self._fingerprints(req)
+            fp = fps[s.request_id]
             for p in range(s.start, s.start + len(s.token_ids)):
                 self.kv[s.block_ids[p // bs], p % bs] = fp[p]
         for s, req in seqs:
-            fp = self._fingerprints(req)
+            fp = fps[s.request_id]
             for p in range(s.start + len(s.token_ids)):
                 if self.kv.get((s.block_ids[p // bs], p % bs)) != fp[p]:
                     self.kv_errors.append(f"request {s.request_id} read wrong KV at position {p}")
                     break
 
-    def _fingerprints(self, req) -> list[int]:
-        """fp[p]: a hash of the request's tokens 0..p (equal prefixes, equal fingerprints)."""
+    def _fingerprints(self, req, drafts=()) -> list[int]:
+        """fp[p]: a hash of the request's tokens 0..p (equal prefixes, equal fingerprints), the
+        drafts it checks this step counted as tokens."""
         fp, tokens = self.fingerprints.setdefault(req.request_id, []), req.all_token_ids
         for p in range(len(fp), len(tokens)):
             fp.append(hash((fp[-1] if fp else 0, tokens[p])))
+        if drafts:
+            fp = list(fp)
+            for d in drafts:
+                fp.append(hash((fp[-1], d)))
         return fp
 
     def finish_requests(self, request_ids):

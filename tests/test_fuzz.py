@@ -7,6 +7,7 @@ failure is explained by an injection, and every request that finished normally h
 tokens a clean run (the same requests, nothing else) gives it.
 """
 
+import dataclasses
 import random
 
 import pytest
@@ -24,7 +25,14 @@ CONFIGS = {
                         enable_chunked_prefill=False),
     "static-block-2": dict(block_size=2, num_kv_blocks=64, max_num_batched_tokens=16, max_num_seqs=4,
                            scheduling_policy="static"),
+    # drafts checked beside prefill chunks, rolled back, preempted and aborted mid-check; the clean
+    # run below decodes without speculation, so every good request must match it token for token
+    "speculative-ngram-preempting": dict(
+        block_size=4, num_kv_blocks=20, max_num_batched_tokens=24, max_num_seqs=6,
+        speculative_config=dict(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1,
+                                prompt_lookup_max=3)),
 }
+PERIOD = {"speculative-ngram-preempting": 5}  # FakeExecutor output that repeats: drafts accepted
 
 
 def bad_request(rng: random.Random, engine: LLMEngine, live: list[str]):
@@ -58,7 +66,7 @@ def bad_request(rng: random.Random, engine: LLMEngine, live: list[str]):
 def test_fuzz_engine_never_loses_or_changes_a_good_request(name, seed):
     rng = random.Random(f"{name}-{seed}")
     config = EngineConfig(**CONFIGS[name])
-    executor = FakeExecutor(vocab_size=VOCAB, block_size=config.block_size)
+    executor = FakeExecutor(vocab_size=VOCAB, block_size=config.block_size, period=PERIOD.get(name))
     engine = LLMEngine.from_executor(executor, config)
     prefixes = [[rng.randrange(1, VOCAB) for _ in range(rng.randint(3, 20))] for _ in range(4)]
     requests, final, aborted, injected = {}, {}, set(), set()
@@ -127,9 +135,13 @@ def test_fuzz_engine_never_loses_or_changes_a_good_request(name, seed):
     assert stats.failed_requests == sum(o.finish_reason == "error" for o in final.values())
     assert len(normal) > len(requests) // 3, "too few requests finished normally to compare"
     assert step_failures and any(o.finish_reason == "error" for o in final.values())
+    if config.speculative_config is not None:
+        assert stats.spec_decode_num_accepted_tokens > 0 and stats.preemptions > 0
+        assert stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
 
-    clean = LLMEngine.from_executor(FakeExecutor(vocab_size=VOCAB, block_size=config.block_size),
-                                    config)
+    clean = LLMEngine.from_executor(FakeExecutor(vocab_size=VOCAB, block_size=config.block_size,
+                                                 period=PERIOD.get(name)),
+                                    dataclasses.replace(config, speculative_config=None))
     for rid in normal:
         clean.add_request(*requests[rid], request_id=rid)
     want = {}

@@ -110,7 +110,7 @@ class CudaGraphRunner:
 
     def can_run(self, seqs) -> bool:
         return (self.enabled and bool(self.sizes) and len(seqs) <= self.sizes[-1]
-                and all(s.is_decode for s in seqs)
+                and all(s.is_decode and len(s.token_ids) == 1 for s in seqs)  # no drafts to check
                 and max(len(s.block_ids) for s in seqs) <= self.max_blocks)
 
     def run(self, input_ids, positions, attn: AttentionMetadata) -> torch.Tensor:

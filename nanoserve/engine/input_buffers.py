@@ -56,7 +56,8 @@ class InputBuffers:
 
     def prepare(self, seqs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
         """seqs: ScheduledSeq, single-token queries first. -> input_ids (T,), positions (T,),
-        AttentionMetadata, logits_indices (S,): the rows whose last token is sampled."""
+        AttentionMetadata, logits_indices (S + drafts,): per sampling sequence its last row, and
+        before it one row per draft it checks."""
         if self.copied is not None:
             self.copied.synchronize()  # the last step's copies out of the host buffers are done
         B, bs = len(seqs), self.block_size
@@ -83,7 +84,8 @@ class InputBuffers:
         self._room("slot_mapping", T)[:T] = tables[seq_idx, pos // bs].astype(np.int64) * bs + pos % bs
         self._room("query_start_loc", B + 1)[:B + 1] = qsl
         self._room("seq_lens", B)[:B] = seq_lens
-        sampled = [qsl[i + 1] - 1 for i, s in enumerate(seqs) if s.sample]
+        sampled = [j for i, s in enumerate(seqs) if s.sample
+                   for j in range(qsl[i + 1] - 1 - len(s.spec_token_ids), qsl[i + 1])]
         self._room("logits_indices", len(sampled))[:len(sampled)] = sampled
 
         attn = AttentionMetadata(

@@ -208,6 +208,16 @@ class KVCacheManager:
             self.pool.uncache(self.pool.blocks[i])
         return list(block_ids)
 
+    def free_beyond(self, request: Request, num_tokens: int) -> None:
+        """Return the request's blocks past the first blocks_needed(num_tokens): they held only
+        rejected drafts (speculative decoding), never hashed, tail first."""
+        keep = self.blocks_needed(num_tokens)
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        if len(blocks) > keep:
+            self.pool.free_blocks(list(reversed(blocks[keep:])))
+            del blocks[keep:]
+            del self.req_to_block_ids[request.request_id][keep:]
+
     def free(self, request: Request) -> None:
         """Return a request's blocks, tail first, so its prefix outlives its suffix in the LRU."""
         blocks = self.req_to_blocks.pop(request.request_id, [])

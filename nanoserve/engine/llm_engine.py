@@ -36,6 +36,7 @@ from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.request import Request, check_prompt
 from nanoserve.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from nanoserve.engine.shm_connector import make_kv_connector
+from nanoserve.engine.spec_decode import make_proposer
 from nanoserve.engine.trace import StepRecord, TraceEntry
 from nanoserve.errors import InvalidRequest, as_real
 from nanoserve.outputs import RequestOutput
@@ -64,8 +65,8 @@ class LLMEngine:
     def __init__(self, model: str | ModelConfig | None = None, device: str | None = None,
                  dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
                  scheduler_cls=None, clock: Callable[[], float] = time.perf_counter,
-                 kv_transfer_config=None, kv_manager_cls=None):
-        config = EngineConfig() if config is None else config
+                 kv_transfer_config=None, kv_manager_cls=None, speculative_config=None):
+        config = _with_speculation(EngineConfig() if config is None else config, speculative_config)
         _check_options(config, scheduler_cls, clock, kv_manager_cls)  # before the model loads
         kv_transfer_config = _kv_transfer_config(kv_transfer_config)
         self._setup(ModelRunner.load(model, device, dtype, seed, config), config, scheduler_cls,
@@ -74,11 +75,12 @@ class LLMEngine:
     @classmethod
     def from_executor(cls, executor: Executor, config: EngineConfig | None = None,
                       scheduler_cls=None, clock: Callable[[], float] = time.perf_counter,
-                      kv_transfer_config=None, kv_manager_cls=None) -> LLMEngine:
+                      kv_transfer_config=None, kv_manager_cls=None,
+                      speculative_config=None) -> LLMEngine:
         """An engine over an existing executor. KV blocks: config.num_kv_blocks, else all the
         executor holds; never more than it holds (a simulator's executor holds no memory, so
         config.num_kv_blocks is required there)."""
-        config = EngineConfig() if config is None else config
+        config = _with_speculation(EngineConfig() if config is None else config, speculative_config)
         _check_options(config, scheduler_cls, clock, kv_manager_cls)
         engine = cls.__new__(cls)
         engine._setup(executor, config, scheduler_cls, clock, _kv_transfer_config(kv_transfer_config),
@@ -113,6 +115,8 @@ class LLMEngine:
                 kv_transfer_config, KVConnectorRole.SCHEDULER, executor.kv_connector.layout,
                 config.block_size, self.model_config.vocab_size)
             self.scheduler.connector = self.kv_connector
+        # drafts tokens between steps (speculative decoding; the NullProposer drafts none)
+        self.proposer = make_proposer(config, executor, num_blocks)
         self.requests: dict[str, Request] = {}
         self.trace: list[StepRecord] = []
         self.num_steps = 0
@@ -233,8 +237,9 @@ class LLMEngine:
         self.num_steps += 1
         progressed = self.scheduler.update_from_output(ran, sampled, end)
         failed = [self._fail(rid, message, end) for rid, message in errors.items()]
+        self.proposer.propose(self.scheduler.running, progressed)
         if self.config.record_trace and not ran.is_empty:
-            self.trace.append(self._record(ran, start, end))
+            self.trace.append(self._record(ran, sampled, start, end))
         self._forget([r for r in progressed if r.is_finished] + failed)
         return [r.to_output(self._text(r) if r.is_finished else None) for r in progressed + failed]
 
@@ -291,20 +296,22 @@ class LLMEngine:
         req.error, req.metrics.finished_time = message, now
         return req
 
-    def _record(self, out: SchedulerOutput, start: float, end: float) -> StepRecord:
+    def _record(self, out: SchedulerOutput, sampled: dict, start: float, end: float) -> StepRecord:
         return StepRecord(
             step=self.num_steps - 1, start=start, end=end, num_prefill_tokens=out.num_prefill_tokens,
             num_decode_tokens=out.num_decode_tokens, num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting), kv_usage=self.kv_manager.usage,
             preempted=out.preempted,
             entries=[TraceEntry(s.request_id, "decode" if s.is_decode else "prefill",
-                                len(s.token_ids), s.start, s.sample) for s in out.seqs])
+                                len(s.token_ids), s.start, s.sample, len(s.spec_token_ids),
+                                _num_accepted(s, sampled)) for s in out.seqs])
 
     def _forget(self, reqs: list[Request]) -> None:
         if reqs:
             for req in reqs:
                 self.requests.pop(req.request_id, None)
             self.executor.finish_requests([r.request_id for r in reqs])
+            self.proposer.forget([r.request_id for r in reqs])
 
     def shutdown(self) -> None:
         """Release what the KV connector holds (saved KV nobody fetched, hand-offs never loaded)."""
@@ -324,6 +331,19 @@ class LLMEngine:
                                                "token ids instead")
             return self.tokenizer.encode(prompt)
         return prompt
+
+
+def _with_speculation(config, speculative_config):
+    """config with speculative_config (a SpeculativeConfig, a dict or JSON) when one is given."""
+    if speculative_config is None or not isinstance(config, EngineConfig):
+        return config
+    return dataclasses.replace(config, speculative_config=speculative_config)
+
+
+def _num_accepted(seq, sampled: dict) -> int:
+    """Drafts of `seq` the step accepted (0 when it checked none)."""
+    tokens = sampled.get(seq.request_id)
+    return max(len(tokens) - 1, 0) if seq.spec_token_ids and isinstance(tokens, list) else 0
 
 
 def _kv_transfer_config(value) -> KVTransferConfig | None:

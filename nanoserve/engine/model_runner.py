@@ -3,7 +3,9 @@
 All scheduled tokens of all requests form one flattened batch (num_tokens,); per request
 we pass where its tokens start (query_start_loc), how long its context is (seq_lens) and
 its block table, and per token the cache slot its new K/V goes to (slot_mapping).
-Only rows whose chunk reaches the end of the known tokens get logits and a sample.
+Only rows whose chunk reaches the end of the known tokens get logits and a sample; a decode that
+checks drafted tokens (speculative decoding) gets logits at each of them too, and the rejection
+sampler keeps the drafts the model agrees with.
 On CUDA, decode-only steps replay CUDA graphs (see cuda_graphs.py).
 With a KV connector (disaggregated prefill/decode), arriving KV is loaded into the cache before
 the forward and the prompts handed off this step are saved after it (kv_connector.py).
@@ -11,6 +13,7 @@ the forward and the prompts handed off this step are saved after it (kv_connecto
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
@@ -22,6 +25,7 @@ from nanoserve.engine.input_buffers import InputBuffers
 from nanoserve.engine.kv_cache import allocate_kv_cache, kv_bytes_per_block, num_blocks_in
 from nanoserve.engine.kv_connector import KVConnectorRole
 from nanoserve.engine.kv_transport import KVLayout
+from nanoserve.engine.rejection_sampler import RejectionSampler
 from nanoserve.engine.sampler import Sampler
 from nanoserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from nanoserve.engine.shm_connector import make_kv_connector
@@ -126,14 +130,16 @@ class ModelRunner(Executor):
         self.kv_caches = allocate_kv_cache(mcfg, num_blocks, ecfg.block_size, dtype, device)
         self.sampler = Sampler(device, seed)
         self.inputs = InputBuffers(device, ecfg.block_size)
+        self.rejection_sampler = RejectionSampler(self.sampler)
         self.graphs = None
         if self.device.type == "cuda" and not ecfg.enforce_eager:
             from nanoserve.engine.cuda_graphs import CudaGraphRunner
             self.graphs = CudaGraphRunner(self, ecfg.cuda_graph_batch_sizes, ecfg.max_num_seqs)
 
     def prepare(self, seqs: list[ScheduledSeq]):
-        """-> input_ids (T,), positions (T,), AttentionMetadata, logits_indices (S,): views of
-        persistent buffers, valid until the next step (input_buffers.py)."""
+        """-> input_ids (T,), positions (T,), AttentionMetadata, logits_indices (S + drafts,): views
+        of persistent buffers, valid until the next step (input_buffers.py); per sampling sequence
+        its last row, and before it one row per draft it checks."""
         return self.inputs.prepare(seqs)
 
     @classmethod
@@ -203,7 +209,7 @@ class ModelRunner(Executor):
         finally:
             connector.clear_connector_metadata()
 
-    def _run(self, seqs) -> dict[str, int]:
+    def _run(self, seqs) -> dict[str, int | list[int]]:
         # single-token queries first, as vLLM orders a batch: the attention kernels take them
         # as one block of rows (AttentionMetadata.num_decodes)
         seqs = sorted(seqs, key=lambda s: len(s.token_ids) > 1)
@@ -214,10 +220,33 @@ class ModelRunner(Executor):
             hidden = self.forward(input_ids, positions, self.kv_caches, attn)  # (T, hidden)
         if not logits_indices.numel():
             return {}
-        logits = self.model.compute_logits(hidden[logits_indices])  # (S, vocab)
+        logits = self.model.compute_logits(hidden[logits_indices])  # (S + drafts, vocab)
         sampling = [s for s in seqs if s.sample]
-        ids = [s.request_id for s in sampling]
-        return dict(zip(ids, self.sampler(logits, [s.params for s in sampling], ids)))
+        return self._sample(logits, sampling)
+
+    def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> dict[str, int | list[int]]:
+        """logits: each sampling sequence's rows in order (1, or 1 + its drafts). -> {request_id:
+        the sampled token}, or for a sequence that checked drafts, the accepted ones and the next."""
+        ends = list(itertools.accumulate(1 + len(s.spec_token_ids) for s in sampling))
+        out, errors = {}, {}
+        for verify in (False, True):
+            idx = [i for i, s in enumerate(sampling) if bool(s.spec_token_ids) == verify]
+            if not idx:
+                continue
+            seqs = [sampling[i] for i in idx]
+            ids, params = [s.request_id for s in seqs], [s.params for s in seqs]
+            rows = logits if len(idx) == len(sampling) else logits[
+                [j for i in idx for j in range(ends[i] - 1 - len(sampling[i].spec_token_ids), ends[i])]]
+            try:
+                out.update(zip(ids, self.rejection_sampler(rows, [s.spec_token_ids for s in seqs],
+                                                           params, ids) if verify
+                               else self.sampler(rows, params, ids)))
+            except RequestFailed as exc:  # the other group still samples; fail them together
+                errors.update(exc.errors)
+                out.update(exc.sampled)
+        if errors:
+            raise RequestFailed(errors, out)
+        return out
 
 
 def default_model() -> str:

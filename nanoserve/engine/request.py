@@ -34,6 +34,9 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hits at first admission (-1: not yet admitted)
         self.block_hashes: list[bytes] = []  # chained hashes of this request's full blocks
+        # speculative decoding: tokens a proposer guessed to follow the known ones, checked by
+        # the next step that runs this request (never part of all_token_ids until accepted)
+        self.spec_token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.error: str | None = None  # what failed, when finish_reason is "error"
         self.metrics = RequestMetrics(arrival_time=arrival_time)

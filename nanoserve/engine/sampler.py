@@ -51,9 +51,7 @@ class Sampler:
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if not rows:
             return self._to_host(tokens)
-        x = logits[rows] / torch.tensor([params[i].temperature for i in rows],
-                                        device=logits.device)[:, None]  # (S, vocab)
-        probs = self._top_k_top_p(x, [params[i] for i in rows]).softmax(-1)  # (S, vocab)
+        probs = self.probs(logits[rows], [params[i] for i in rows])  # (S, vocab)
         # exponential race: argmax(p / E) with E ~ Exp(1) is a draw from p; a seeded request's
         # row of E comes from its own generator
         noise = torch.empty_like(probs).exponential_(generator=self.generator)  # (S, vocab)
@@ -84,6 +82,16 @@ class Sampler:
         self._arrived.record()
         self._arrived.synchronize()
         return host.tolist()
+
+    def probs(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """logits (S, vocab) of sampling (non-greedy) rows -> the distributions drawn from:
+        temperature, then top-k, then top-p, then softmax. (S, vocab)"""
+        x = logits / torch.tensor([p.temperature for p in params], device=logits.device)[:, None]
+        return self._top_k_top_p(x, params).softmax(-1)
+
+    def generator_for(self, request_id: str, p: SamplingParams) -> torch.Generator:
+        """The generator a request draws from: its own when it has a seed, else the engine's."""
+        return self.generator if p.seed is None else self._gen(request_id, p)
 
     def _gen(self, request_id: str, p: SamplingParams) -> torch.Generator:
         """The generator of a seeded request, made from its seed on its first draw."""

@@ -48,6 +48,8 @@ class ScheduledSeq:
     sample: bool  # this chunk reaches the end of the known tokens: sample the next one
     params: object  # SamplingParams
     is_decode: bool
+    # speculative decoding: the last token_ids are drafts to check (logits at each of them too)
+    spec_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -71,7 +73,7 @@ class SchedulerOutput:
         self.seqs.append(seq)
         self.requests.append(req)
         if seq.is_decode:
-            self.num_decode_tokens += 1
+            self.num_decode_tokens += len(seq.token_ids)  # 1, plus the drafts it checks
         else:
             self.num_prefill_tokens += len(seq.token_ids)
 
@@ -93,11 +95,26 @@ class SchedulerStats:
     prefill_tokens_computed: int = 0  # prompt (and recomputed) tokens actually run
     cached_prompt_tokens: int = 0  # tokens served from the prefix cache at admission
     transferred_prompt_tokens: int = 0  # tokens whose KV a KV connector brought at admission
-    decode_tokens: int = 0
+    decode_tokens: int = 0  # tokens run by decodes, drafts they checked included
     preemptions: int = 0
     finished_requests: int = 0
     aborted_requests: int = 0
     failed_requests: int = 0  # finished with finish_reason "error"
+    # speculative decoding, as vLLM's SpecDecodingStats (vllm/v1/spec_decode/metrics.py): decodes
+    # that checked drafts, drafts checked, drafts accepted, and accepted drafts by position
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.spec_decode_num_drafts += 1
+        self.spec_decode_num_draft_tokens += num_draft_tokens
+        self.spec_decode_num_accepted_tokens += num_accepted_tokens
+        per_pos = self.spec_decode_num_accepted_tokens_per_pos
+        per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
+        for i in range(num_accepted_tokens):
+            per_pos[i] += 1
 
 
 class SchedulerBase:
@@ -118,7 +135,8 @@ class SchedulerBase:
         self.kv = kv_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.stats = SchedulerStats()
+        self.stats = SchedulerStats(
+            spec_decode_num_accepted_tokens_per_pos=[0] * config.num_speculative_tokens)
         # kv_transfer_params the connector returned for requests finished since the engine's step began
         self.finished_kv_transfer_params: dict[str, dict] = {}
 
@@ -186,12 +204,15 @@ class SchedulerBase:
         self.add(req, num_new_tokens, out)
 
     def add(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> None:
-        """Schedule the next num_new_tokens tokens of running request `req` (slots reserved)."""
-        start, n = req.num_computed_tokens, num_new_tokens
+        """Schedule the next num_new_tokens tokens of running request `req` (slots reserved); past
+        its known tokens they are its drafts (req.spec_token_ids), checked in the same pass."""
+        start = req.num_computed_tokens
+        n = min(num_new_tokens, req.num_tokens - start)  # known tokens; the rest are drafts
+        spec = req.spec_token_ids[:num_new_tokens - n]
         is_decode = bool(req.output_token_ids) and n == 1 and start == req.num_tokens - 1
-        out.append(ScheduledSeq(req.request_id, req.token_slice(start, n), start,
+        out.append(ScheduledSeq(req.request_id, req.token_slice(start, n) + spec, start,
                                 self.kv.block_ids(req.request_id), start + n == req.num_tokens,
-                                req.params, is_decode), req)
+                                req.params, is_decode, spec), req)
 
     def preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Take `req` out of running, free its blocks and put it at the head of the waiting queue;
@@ -201,27 +222,47 @@ class SchedulerBase:
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.spec_token_ids = []
         req.num_preemptions += 1
         self.waiting.appendleft(req)
         out.preempted.append(req.request_id)
         self.stats.preemptions += 1
 
     # -- after the step ---------------------------------------------------------------
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int],
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int | list[int]],
                            now: float) -> list[Request]:
-        """Advance progress, append sampled tokens, finish requests. -> requests with a new token."""
+        """Advance progress, append sampled tokens, finish requests. -> requests with a new token.
+
+        sampled: a token per sequence that sampled, or for one that checked drafts the accepted
+        drafts and the token after them. Rejected drafts are rolled back: they do not count as
+        computed and the blocks that held only them go back to the pool. Tokens are appended
+        one by one up to the first that finishes the request (stop, EOS, max_tokens)."""
         progressed = []
         for seq, req in zip(out.seqs, out.requests):
-            req.num_computed_tokens += len(seq.token_ids)
+            tokens = sampled.get(req.request_id, [])
+            tokens = [tokens] if isinstance(tokens, int) else tokens
+            num_rejected = 0
+            if seq.spec_token_ids:
+                num_accepted = max(len(tokens) - 1, 0)
+                num_rejected = len(seq.spec_token_ids) - num_accepted
+                self.stats.observe_draft(len(seq.spec_token_ids), num_accepted)
+            req.spec_token_ids = []  # consumed (or never checked): the proposer drafts again
+            req.num_computed_tokens += len(seq.token_ids) - num_rejected
             if seq.is_decode:
-                self.stats.decode_tokens += 1
+                self.stats.decode_tokens += len(seq.token_ids)
             else:
                 self.stats.prefill_tokens_computed += len(seq.token_ids)
-            if req.request_id in sampled:
-                req.append_token(sampled[req.request_id], now)
+            for token in tokens:
+                req.append_token(token, now)
+                if req.finish_reason is not None:
+                    break
+            if tokens:
                 progressed.append(req)
                 if req.finish_reason is not None:
                     self._finish(req, now)
+                    continue
+            if num_rejected:
+                self.kv.free_beyond(req, req.num_tokens)
         return progressed
 
     def _finish(self, req: Request, now: float) -> None:
@@ -247,7 +288,10 @@ class SchedulerBase:
         assert len(ids) == len(set(ids)), "a request is queued twice"
         for r in self.running:
             assert r.status == RequestStatus.RUNNING, f"{r.request_id} running with status {r.status}"
-            assert len(self.kv.block_ids(r.request_id)) >= self.kv.blocks_needed(r.num_computed_tokens)
+            held = len(self.kv.block_ids(r.request_id))
+            assert held >= self.kv.blocks_needed(r.num_computed_tokens), f"{r.request_id} lost blocks"
+            assert held <= self.kv.blocks_needed(r.num_tokens), \
+                f"{r.request_id} holds {held} blocks for {r.num_tokens} tokens (rejected drafts kept)"
         for r in self.waiting:
             assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), \
                 f"{r.request_id} waiting with status {r.status}"
@@ -294,12 +338,19 @@ class Scheduler(SchedulerBase):
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = req.num_tokens - req.num_computed_tokens
+            num_drafts = 0
+            if n == 1:  # a decode checks its drafts in the same pass, as many as the budget takes
+                num_drafts = min(len(req.spec_token_ids), budget - 1)
+                n += num_drafts
             if self.config.enable_chunked_prefill:
                 n = min(n, budget)
             elif n > budget:
                 i += 1
                 continue
             while not self.kv.allocate_slots(req, n):
+                if num_drafts:  # drafts never cost another request its blocks: drop them first
+                    n, num_drafts = n - num_drafts, 0
+                    continue
                 victim = self.running[-1]  # the most recently admitted
                 self.preempt(victim, out)
                 if victim is req:

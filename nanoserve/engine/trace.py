@@ -18,6 +18,8 @@ class TraceEntry(NamedTuple):
     num_tokens: int  # tokens computed this step
     start: int  # num_computed_tokens before the step: the chunk's first position
     sample: bool  # reached the end of the known tokens: a token was sampled
+    num_draft_tokens: int = 0  # speculative decoding: drafts checked (among num_tokens)
+    num_accepted_tokens: int = 0  # drafts the target agreed with
 
 
 @dataclass

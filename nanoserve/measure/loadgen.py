@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from nanoserve.measure import datasets
+from nanoserve.measure import datasets, spec_decode_metrics
 from nanoserve.measure.http_result import HTTPOutput, LoadResult
 from nanoserve.measure.slo import parse_slo
 from nanoserve.outputs import RequestMetrics
@@ -296,13 +296,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Traffic request rate: {args.request_rate}\nBurstiness factor: {args.burstiness} "
           f"({'Poisson process' if args.burstiness == 1 else 'Gamma distribution'})\n"
           f"Maximum request concurrency: {args.max_concurrency}")
+    spec_before = spec_decode_metrics.fetch(base_url, args.api_key)
     result = run_sync(run(target, reqs, args.max_concurrency, args.goodput, args.probe_request_rate,
                           probe, 1, not args.disable_tqdm, config))
+    spec = spec_decode_metrics.summary(spec_before, spec_decode_metrics.fetch(base_url, args.api_key))
     failed = [o for o in result.outputs if not o.success]
     for i, o in enumerate(failed[:10]):
         print(f"Error {i}: {o.error}")
     percentiles = [float(p) for p in args.metric_percentiles.split(",")]
-    print(result.table(args.percentile_metrics.split(","), percentiles))
+    report = result.table(args.percentile_metrics.split(","), percentiles)
+    if spec is not None:  # the server speculates: this run's acceptance, before the closing rule
+        head, _, last = report.rpartition("\n")
+        report = f"{head}\n{spec_decode_metrics.table(spec)}\n{last}"
+    print(report)
     if args.save_result:
         rate = "inf" if math.isinf(args.request_rate) else f"{args.request_rate:g}"
         conc = f"-concurrency{args.max_concurrency}" if args.max_concurrency else ""
@@ -310,6 +316,6 @@ def main(argv: list[str] | None = None) -> int:
         path = os.path.join(args.result_dir or ".", args.result_filename or name)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
-            json.dump(result.to_json(percentiles), f, indent=1)
+            json.dump(result.to_json(percentiles) | (spec or {}), f, indent=1)
         print(f"result written to {path}")
     return 0 if len(failed) < len(result.outputs) else 1

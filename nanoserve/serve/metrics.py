@@ -7,6 +7,9 @@ its own CollectorRegistry, so several servers can live in one process (tests).
 The engine thread calls `record_step` after every step and `record_finished` for each request that
 ends; the latencies come from the request's own timestamps with measure.metrics' definitions
 (TTFT, ITL, TPOT, E2E, queue, prefill), the same numbers `python -m nanoserve bench` reports.
+With speculative decoding on, the engine's draft counters are exported as vLLM's
+SpecDecodingProm does (vllm/v1/spec_decode/metrics.py): drafts, draft tokens, accepted tokens, and
+accepted tokens per draft position (label `position`).
 An instance of a disaggregated deployment also counts its KV transfers (saves on a prefill
 instance, loads on a decode instance): nanoserve's own names, as vLLM's are per connector.
 """
@@ -36,7 +39,7 @@ FINISH_REASONS = ("stop", "length", "abort", "error")  # vLLM's FinishReason val
 class ServerMetrics:
     """The server's Prometheus metrics for one served model."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, num_speculative_tokens: int = 0):
         disable_created_metrics()  # no *_created series, as vLLM (process-wide in prometheus_client)
         self.registry = r = CollectorRegistry()
         labels, values = ["model_name", "engine"], [model_name, "0"]
@@ -89,6 +92,15 @@ class ServerMetrics:
                                        ("failures", "KV transfers that failed."))}
         self.transfers = {(name, d): c.labels(*values, d) for name, c in transfers.items()
                           for d in ("save", "load")}
+        self.spec = {}  # EngineStats field -> counter, with speculative decoding only
+        if num_speculative_tokens:
+            for name, doc in (("num_drafts", "Number of spec decoding drafts."),
+                              ("num_draft_tokens", "Number of draft tokens."),
+                              ("num_accepted_tokens", "Number of accepted tokens.")):
+                self.spec[f"spec_decode_{name}"] = counter(f"vllm:spec_decode_{name}", doc)
+            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                              "Accepted tokens per draft position.", labels + ["position"], registry=r)
+            self.spec_per_pos = [per_pos.labels(*values, str(i)) for i in range(num_speculative_tokens)]
         self._last = None  # the engine's counters at the previous step
         self._last_transfers: dict = {}
 
@@ -101,6 +113,12 @@ class ServerMetrics:
         if self._last is not None:
             self.prompt_tokens.inc(stats.prefill_tokens_computed - self._last.prefill_tokens_computed)
             self.preemptions.inc(stats.preemptions - self._last.preemptions)
+            for name, c in self.spec.items():
+                c.inc(getattr(stats, name) - getattr(self._last, name))
+            if self.spec:
+                for c, now, before in zip(self.spec_per_pos, stats.spec_decode_num_accepted_tokens_per_pos,
+                                          self._last.spec_decode_num_accepted_tokens_per_pos):
+                    c.inc(now - before)
         self._last = stats
         if engine.executor.kv_connector is not None:
             self._record_transfers(engine.executor.kv_connector.stats)

@@ -5,7 +5,8 @@ Flags keep vLLM's names (vllm/engine/arg_utils.py, entrypoints/openai/cli_args.p
 --max-model-len, --max-num-seqs, --max-num-batched-tokens, --block-size,
 --kv-cache-memory-bytes, --[no-]enable-prefix-caching, --[no-]enable-chunked-prefill,
 --served-model-name, --api-key, --chat-template, --max-num-queued-reqs (503 beyond it),
---uvicorn-log-level, --kv-transfer-config (one half of a disaggregated pair, engine/kv_connector.py).
+--uvicorn-log-level, --kv-transfer-config (one half of a disaggregated pair, engine/kv_connector.py),
+--speculative-config (JSON of vLLM's SpeculativeConfig fields, e.g. ngram).
 nanoserve's own: --device, --num-kv-blocks, --cpu-omp-threads-bind (vLLM's environment variable
 VLLM_CPU_OMP_THREADS_BIND as a flag: the CPUs this instance runs on, one torch thread each), and
 --disaggregated: a prefill instance, a decode instance and the router in front (serve/disagg.py).
@@ -71,6 +72,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
     ap.add_argument("--kv-transfer-config", default=None, help="JSON of vLLM's KVTransferConfig, "
                     'e.g. \'{"kv_connector": "SharedMemoryConnector", "kv_role": "kv_producer"}\'')
+    ap.add_argument("--speculative-config", default=None, help="JSON of vLLM's SpeculativeConfig, "
+                    'e.g. \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
     ap.add_argument("--cpu-omp-threads-bind", default=None, help="CPUs to run on, e.g. 0 or 0-3 or "
                     "0,2: one torch thread each, pinned where the OS allows (default: all)")
     ap.add_argument("--disaggregated", action="store_true", help="start a prefill and a decode "
@@ -88,6 +91,7 @@ def build(args):
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
+        speculative_config=args.speculative_config,
         record_trace=False)  # a server runs for days: no per-step trace
     dtype = None if args.dtype == "auto" else args.dtype
 
@@ -104,7 +108,7 @@ def build(args):
         folder = DEMO_MODEL_DIR  # what LLMEngine loads by default
     is_demo = folder is not None and os.path.realpath(folder) == os.path.realpath(DEMO_MODEL_DIR)
     name = args.served_model_name or args.model or "demo-model"
-    metrics = ServerMetrics(name)
+    metrics = ServerMetrics(name, config.num_speculative_tokens)
     async_engine = AsyncEngine(make_engine, args.max_num_queued_reqs, metrics)
     async_engine.start()  # loads the model on the engine thread, where every step will run
     serving = OpenAIServing(async_engine, name, folder or name,

@@ -1,0 +1,139 @@
+"""Speculative decoding end to end: tokens/s with and without ngram, at batch 1 and 16, on a task
+whose output repeats its context and on free text.
+
+    python benchmarks/spec_decode.py [--model PATH_OR_NAME] [--k 4] [--batches 1,16] [--max-tokens 64]
+
+Tasks (greedy, fp32 by default, EOS ignored so every run makes the same number of tokens):
+  quote-back  a line of a held-out play three times over: the output repeats what came before
+              (with an instruction-tuned model, --quote-instruction asks it to copy a passage)
+  free-text   300 characters of a held-out play to continue: little for prompt lookup to find
+Each (task, batch) runs without speculation and with ngram (prompt_lookup 2..4) in alternation,
+`--reps` times; the table shows medians, the speedup of the two medians, the acceptance rate and
+the mean acceptance length (vLLM's definitions), and the greedy agreement of the two runs.
+Writes benchmarks/results/spec-decode-<date>.{json,md} with the CPU, the load and the versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from nanoserve import LLM, EngineConfig, SamplingParams  # noqa: E402
+from nanoserve.model import DEMO_MODEL_DIR  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def prompts(llm: LLM, task: str, n: int, instruction: bool) -> list[list[int]]:
+    text = open(os.path.join(DEMO_MODEL_DIR, "heldout.txt")).read()
+    lines = [t for t in text.splitlines() if len(t) > 30]
+    if task == "quote-back":
+        if instruction:
+            texts = [f"Repeat this text exactly:\n{' '.join(lines[i:i + 4])}\n\n" for i in range(n)]
+        else:
+            texts = [" ".join([lines[i % len(lines)]] * 3) for i in range(n)]
+    else:
+        texts = [text[2000 + 300 * i:2300 + 300 * i] for i in range(n)]
+    return [llm.engine.encode(t) for t in texts]
+
+
+def run(llm: LLM, batch: list[list[int]], max_tokens: int):
+    """-> (seconds, generated tokens, output ids, stats before, stats after)."""
+    before = llm.engine.stats
+    t = time.perf_counter()
+    outs = llm.generate(batch, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    dt = time.perf_counter() - t
+    return dt, sum(len(o.token_ids) for o in outs), [o.token_ids for o in outs], before, llm.engine.stats
+
+
+def main(argv=None) -> None:
+    from peers import cpu_facts  # benchmarks/peers.py: the CPU a result was measured on
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEMO_MODEL_DIR, help="checkpoint, hub id or preset (default: demo)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--quote-instruction", action="store_true",
+                    help="quote-back as an instruction to copy a passage (instruction-tuned models)")
+    ap.add_argument("--out", default=RESULTS)
+    args = ap.parse_args(argv)
+    spec = dict(method="ngram", num_speculative_tokens=args.k, prompt_lookup_min=2, prompt_lookup_max=4)
+    config = EngineConfig(max_num_batched_tokens=1024, record_trace=False)
+    plain = LLM(args.model, dtype=args.dtype, config=config)
+    ngram = LLM(args.model, dtype=args.dtype, config=config, speculative_config=spec)
+    info = dict(date=datetime.datetime.now().strftime("%Y-%m-%dT%H%M"), machine=cpu_facts(),
+                torch=torch.__version__, threads=torch.get_num_threads(), model=args.model,
+                dtype=args.dtype, speculative_config=spec, max_tokens=args.max_tokens, reps=args.reps,
+                loadavg_before=" ".join(f"{x:.2f}" for x in os.getloadavg()))
+    rows = []
+    for task in ("quote-back", "free-text"):
+        for b in map(int, args.batches.split(",")):
+            batch = prompts(plain, task, b, args.quote_instruction)
+            run(plain, batch[:1], 4)  # warm-up: first-touch allocation, kernel builds
+            run(ngram, batch[:1], 4)
+            times = {"off": [], "ngram": []}
+            for _ in range(args.reps):
+                dt, n, want, _, _ = run(plain, batch, args.max_tokens)
+                times["off"].append(n / dt)
+                dt, n, got, s0, s1 = run(ngram, batch, args.max_tokens)
+                times["ngram"].append(n / dt)
+            drafts = s1.spec_decode_num_drafts - s0.spec_decode_num_drafts
+            draft_tokens = s1.spec_decode_num_draft_tokens - s0.spec_decode_num_draft_tokens
+            accepted = s1.spec_decode_num_accepted_tokens - s0.spec_decode_num_accepted_tokens
+            off, on = statistics.median(times["off"]), statistics.median(times["ngram"])
+            rows.append(dict(task=task, batch=b, tok_s_off=off, tok_s_ngram=on, speedup=on / off,
+                             acceptance_rate=accepted / draft_tokens if draft_tokens else None,
+                             acceptance_length=1 + accepted / drafts if drafts else 1.0,
+                             drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
+                             greedy_identical=got == want, raw=times))
+            r = rows[-1]
+            print(f"{task:<11} b={b:<3} off {off:8.1f} tok/s  ngram {on:8.1f} tok/s  x{r['speedup']:.2f}  "
+                  f"acceptance {100 * (r['acceptance_rate'] or 0):5.1f}%  length "
+                  f"{r['acceptance_length']:.2f}  identical {r['greedy_identical']}", flush=True)
+    info["loadavg_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    info["rows"] = rows
+    write(info, args.out)
+
+
+def write(info: dict, out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    stem = os.path.join(out, f"spec-decode-{info['date']}")
+    with open(stem + ".json", "w") as f:
+        json.dump(info, f, indent=1)
+    m = info["machine"]
+    lines = [f"# Speculative decoding (ngram, k={info['speculative_config']['num_speculative_tokens']}), "
+             f"{info['date']}", "",
+             f"{os.path.basename(os.path.normpath(info['model']))}, {info['dtype']}, greedy, "
+             f"{info['max_tokens']} tokens per request, median of {info['reps']} alternating runs. "
+             f"{m['cpu']}, {m['cores']} vCPU, avx512f: {m['avx512f']}, amx_bf16: {m['amx_bf16']}; "
+             f"torch {info['torch']}, {info['threads']} threads; load average before "
+             f"{info['loadavg_before']}, after {info['loadavg_after']}.", "",
+             *([f"**Busy machine: load average {info['loadavg_before']} on {m['cores']} vCPU. Other "
+                 "processes shared the cores: these ratios are not results; rerun on an idle "
+                 "machine.**", ""] if float(info["loadavg_before"].split()[0]) > m["cores"] else []),
+             "| task | batch | tok/s off | tok/s ngram | speedup | acceptance | mean length | identical |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in info["rows"]:
+        rate = "-" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"
+        lines.append(f"| {r['task']} | {r['batch']} | {r['tok_s_off']:.1f} | {r['tok_s_ngram']:.1f} | "
+                     f"{r['speedup']:.2f}x | {rate} | {r['acceptance_length']:.2f} | "
+                     f"{r['greedy_identical']} |")
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"written: {stem}.md and .json")
+
+
+if __name__ == "__main__":
+    main()
