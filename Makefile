@@ -39,8 +39,8 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	@status=0; \
 	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope -m "not serial" tests \
-	  --ignore=tests/browser || status=1; \
-	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -m serial tests --ignore=tests/browser || status=1; \
+	  --ignore=tests/course/browser || status=1; \
+	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -m serial tests --ignore=tests/course/browser || status=1; \
 	if ls notebooks/*.ipynb >/dev/null 2>&1; then \
 	  OMP_NUM_THREADS=1 NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope --nbval-lax notebooks \
 	    || status=1; fi; \
@@ -67,13 +67,15 @@ $(NO_TRITON)/.installed: pyproject.toml
 test-no-triton: $(NO_TRITON)/.installed
 	@status=0; \
 	NANOSERVE_QUICK=1 $(NO_TRITON)/bin/python -m pytest -q -n 2 --dist loadscope -m "not serial" tests \
-	  --ignore=tests/browser --ignore=tests/test_lessons_execute.py || status=1; \
+	  --ignore=tests/course/browser --ignore=tests/course/test_lessons_execute.py || status=1; \
 	OMP_NUM_THREADS=1 NANOSERVE_QUICK=1 $(NO_TRITON)/bin/python -m pytest -q --nbval-lax \
 	  notebooks/00_*.ipynb || status=1; \
 	exit $$status
 
+# ruff, and the layers of pyproject's import-linter contracts
 lint: $(BIN)/.installed
 	$(BIN)/ruff check nanoserve tests exercises solutions benchmarks scripts
+	$(BIN)/lint-imports
 
 # Decks that open with no network: reveal.js, require.js, jQuery and MathJax from the npm registry
 # (package-lock.json), then every lesson executed headless (quick mode; SLIDES=full for this
@@ -94,7 +96,7 @@ preflight: $(BIN)/.installed
 # JupyterLab and the decks in headless Chromium (Debian's package, /usr/bin/chromium; .ci/run
 # installs it), driven by Playwright; needs the decks of `make slides`. Screenshots: test-artifacts/.
 test-browser: $(BIN)/.installed
-	NANOSERVE_BROWSER_TESTS=1 $(BIN)/python -m pytest -q tests/browser
+	NANOSERVE_BROWSER_TESTS=1 $(BIN)/python -m pytest -q tests/course/browser
 
 clean-venv:
 	rm -rf $(VENV)

@@ -33,7 +33,7 @@ then give_back unless a group failed: `--groups big,hf` reruns only those (the m
 for 30 s after a call). Copy gpu-<date>-<gpu>.json from files_at into benchmarks/results/. The
 run stays inside --budget-s plus at most 20 s. HF's offline sections need more than their caps at
 these sizes (its generate took 70-93 ms a step on the H200), so they come last.
-On a CPU (CI, tests/test_gpu_check.py), every section end to end with tiny shapes:
+On a CPU (CI, tests/measure/test_gpu_check.py), every section end to end with tiny shapes:
 
     python benchmarks/gpu_check.py --dry-run --out /tmp/gpu.json
 """
