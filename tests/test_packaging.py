@@ -35,6 +35,14 @@ def test_environment_yml_mirrors_pyproject():
     assert python.split("=")[1] >= p["requires-python"].lstrip(">=")
 
 
+def test_the_license_is_an_spdx_expression():
+    """PEP 639: `license = "MIT"`; the older table form makes setuptools warn on every install."""
+    assert project()["license"] == "MIT"
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert any(Requirement(r).name == "setuptools" and Requirement(r).specifier.contains("77") and
+               not Requirement(r).specifier.contains("76") for r in build), build
+
+
 def test_triton_is_required_on_linux_only():
     """triton has no macOS or Windows wheels: a hard dependency would make pip fail there."""
     reqs = {r.name: r for r in map(Requirement, project()["dependencies"])}

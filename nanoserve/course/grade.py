@@ -14,7 +14,6 @@ paged_attention=mine)`. `load_piece` imports a piece of exercises/ or solutions/
 
 from __future__ import annotations
 
-import argparse
 import ast
 import importlib.util
 import os
@@ -25,6 +24,8 @@ import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from nanoserve import cli
 
 GRADED_FILE = re.compile(r"^test_(ex\d\d)_\w+\.py$")
 NEEDS_TRITON = "ex08"
@@ -203,11 +204,11 @@ def score_table(cases: list[Case], titles: dict[str, str] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="nanoserve grade",
-                                 description="Run the graded tests and print a score per exercise.")
-    ap.add_argument("exercise", nargs="*", help="exercise ids to grade, e.g. ex02 ex05 (default: all)")
+    ap = cli.parser("nanoserve grade", "Run the graded tests and print a score per exercise.")
+    ap.add_argument("exercise", nargs="*", default=None,
+                    help="exercise ids to grade, e.g. ex02 ex05 (default: all)")
     ap.add_argument("--impl", default="exercises", choices=("exercises", "solutions"),
-                    help="which package to grade (default: exercises, your answers)")
+                    help="which package to grade: exercises is your answers")
     ap.add_argument("-v", "--verbose", action="store_true", help="also print pytest's output")
     args = ap.parse_args(argv)
     try:
