@@ -21,7 +21,7 @@ define install_torch
 	$(1) install -q $$index "$(TORCH_SPEC)" || { [ -n "$$index" ] && $(1) install -q "$(TORCH_SPEC)"; }
 endef
 
-.PHONY: demo test test-no-triton test-quick test-browser lint slides preflight notebooks clean-venv
+.PHONY: demo lab test test-no-triton test-quick test-browser lint slides preflight notebooks clean-venv
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,13 @@ $(BIN)/.installed: pyproject.toml
 
 demo: $(BIN)/.installed
 	$(BIN)/python -m nanoserve demo
+
+# The course: JupyterLab on the lessons, from .venv (it prints the URL to open; Ctrl-C stops it).
+# LAB_ARGS for JupyterLab's own flags, e.g. LAB_ARGS="--no-browser --port 8890"; as root (a
+# container) JupyterLab refuses to start without --allow-root.
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
+lab: $(BIN)/.installed
+	$(BIN)/jupyter lab notebooks/ $(LAB_ARGS)
 
 # Two pytest workers on two cores: one OpenMP thread each (more threads than cores is many times
 # slower). Timing tests (marker serial) run alone afterwards. Every stage runs even if an earlier
