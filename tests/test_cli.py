@@ -94,4 +94,4 @@ def test_loadgen_refuses_a_dataset_it_cannot_read(argv):
 def test_loadgen_saves_into_a_folder_git_ignores():
     args = PARSERS["loadgen"]().parse_args(["--save-result"])
     ignored = (__import__("pathlib").Path(__file__).resolve().parents[1] / ".gitignore").read_text()
-    assert args.result_dir == loadgen.RESULT_DIR and f"{loadgen.RESULT_DIR}/" in ignored.split()
+    assert args.result_dir == loadgen.RESULT_DIR and f"/{loadgen.RESULT_DIR}/" in ignored.split()
