@@ -21,7 +21,7 @@ define install_torch
 	$(1) install -q $$index "$(TORCH_SPEC)" || { [ -n "$$index" ] && $(1) install -q "$(TORCH_SPEC)"; }
 endef
 
-.PHONY: demo test test-no-triton test-quick test-browser lint slides preflight notebooks clean-venv
+.PHONY: demo lab test test-no-triton test-quick test-browser lint slides preflight notebooks clean-venv
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,14 +33,21 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/python -m nanoserve demo
 
+# The course: JupyterLab on the lessons, from .venv (it prints the URL to open; Ctrl-C stops it).
+# LAB_ARGS for JupyterLab's own flags, e.g. LAB_ARGS="--no-browser --port 8890"; as root (a
+# container) JupyterLab refuses to start without --allow-root.
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
+lab: $(BIN)/.installed
+	$(BIN)/jupyter lab notebooks/ $(LAB_ARGS)
+
 # Two pytest workers on two cores: one OpenMP thread each (more threads than cores is many times
 # slower). Timing tests (marker serial) run alone afterwards. Every stage runs even if an earlier
 # one failed, so one report shows everything; the target fails if any stage did.
 test: $(BIN)/.installed
 	@status=0; \
 	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope -m "not serial" tests \
-	  --ignore=tests/browser || status=1; \
-	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -m serial tests --ignore=tests/browser || status=1; \
+	  --ignore=tests/course/browser || status=1; \
+	NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -m serial tests --ignore=tests/course/browser || status=1; \
 	if ls notebooks/*.ipynb >/dev/null 2>&1; then \
 	  OMP_NUM_THREADS=1 NANOSERVE_QUICK=1 $(BIN)/python -m pytest -q -n 2 --dist loadscope --nbval-lax notebooks \
 	    || status=1; fi; \
@@ -67,13 +74,15 @@ $(NO_TRITON)/.installed: pyproject.toml
 test-no-triton: $(NO_TRITON)/.installed
 	@status=0; \
 	NANOSERVE_QUICK=1 $(NO_TRITON)/bin/python -m pytest -q -n 2 --dist loadscope -m "not serial" tests \
-	  --ignore=tests/browser --ignore=tests/test_lessons_execute.py || status=1; \
+	  --ignore=tests/course/browser --ignore=tests/course/test_lessons_execute.py || status=1; \
 	OMP_NUM_THREADS=1 NANOSERVE_QUICK=1 $(NO_TRITON)/bin/python -m pytest -q --nbval-lax \
 	  notebooks/00_*.ipynb || status=1; \
 	exit $$status
 
+# ruff, and the layers of pyproject's import-linter contracts
 lint: $(BIN)/.installed
 	$(BIN)/ruff check nanoserve tests exercises solutions benchmarks scripts
+	$(BIN)/lint-imports
 
 # Decks that open with no network: reveal.js, require.js, jQuery and MathJax from the npm registry
 # (package-lock.json), then every lesson executed headless (quick mode; SLIDES=full for this
@@ -94,7 +103,7 @@ preflight: $(BIN)/.installed
 # JupyterLab and the decks in headless Chromium (Debian's package, /usr/bin/chromium; .ci/run
 # installs it), driven by Playwright; needs the decks of `make slides`. Screenshots: test-artifacts/.
 test-browser: $(BIN)/.installed
-	NANOSERVE_BROWSER_TESTS=1 $(BIN)/python -m pytest -q tests/browser
+	NANOSERVE_BROWSER_TESTS=1 $(BIN)/python -m pytest -q tests/course/browser
 
 clean-venv:
 	rm -rf $(VENV)

@@ -41,7 +41,7 @@ continuous batching, which need more than their caps at these sizes: its generat
 step on the H200). Copy gpu-<date>-<gpu>.json and reference_data/ from files_at into
 benchmarks/results/ and nanoserve/course/reference_data/. The run stays inside --budget-s plus at
 most 20 s.
-On a CPU (CI, tests/test_gpu_check.py), every section end to end with tiny shapes:
+On a CPU (CI, tests/measure/test_gpu_check.py), every section end to end with tiny shapes:
 
     python benchmarks/gpu_check.py --dry-run --out /tmp/gpu.json
 """

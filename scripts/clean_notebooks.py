@@ -1,11 +1,11 @@
 """Strip notebook outputs (and transient widget state) before committing.
 
 Every number a lesson shows is measured on the reader's device or modelled; none is stored in
-the notebook. The modelled tables are pinned in tests/test_lesson_tables.py instead.
+the notebook. The modelled tables are pinned in tests/course/test_lesson_tables.py instead.
 
     python scripts/clean_notebooks.py notebooks/*.ipynb
 
-`--check` changes nothing and exits 1 when a notebook would change (tests/test_notebooks_meta.py
+`--check` changes nothing and exits 1 when a notebook would change (tests/course/test_notebooks_meta.py
 checks the same rule).
 """
 

@@ -375,7 +375,7 @@ cross-entropy over `heldout.txt`: tokenized as one stream ({rec["heldout_stream_
 into non-overlapping windows of {a.eval_seq_len} tokens (the last partial one dropped), each window
 predicting its tokens 1..{a.eval_seq_len - 1} from those before them in the window;
 {rec["heldout_tokens"]:,} predicted tokens. `eval.json` holds these numbers and
-`tests/test_demo_model.py` recomputes them. Over both held-out plays, measured the same way
+`tests/model/test_demo_model.py` recomputes them. Over both held-out plays, measured the same way
 ({rec["all_heldout_tokens"]:,} predicted tokens): {loss_all:.4f} nats/token (perplexity \
 {math.exp(loss_all):.1f}).
 
@@ -385,7 +385,7 @@ plays, ending with the speaker's name) by {q0["max_new_tokens"]} tokens each at 
 {q["words"]:,} words written are words of the plays and {q["real_pairs"]:.1%} of adjacent word pairs
 occur adjacent somewhere in the plays** (means over the seeds; per seed {per_seed}).
 `word_pairs.txt.gz` holds every adjacent pair of the 37 plays; the prompts are in `eval.json`;
-`tests/test_demo_model.py` samples them again and counts.
+`tests/model/test_demo_model.py` samples them again and counts.
 
 ## Sample
 

@@ -31,11 +31,14 @@ ARCHS = {
 }
 
 
-def pytest_sessionstart(session):
-    # build (or load) the C++ CPU kernels now, so that no test's time limit (a server's start-up,
-    # say) includes the one-off build; pytest workers wait for one build, not two
+@pytest.fixture(scope="session")
+def cpu_ops() -> bool:
+    """The C++ CPU kernels built (or loaded from their cache folder) before the test starts, so that
+    no time limit of a test (a server's start-up, a timed step) includes the one-off build; pytest
+    workers wait for one build, not two. Tests that start servers or time the engine use it; the
+    others build on first use, if they run the engine at all. -> whether the ops are available."""
     from nanoserve.kernels import cpu_build
-    cpu_build.available()
+    return cpu_build.available()
 
 
 def pytest_addoption(parser):
@@ -43,7 +46,7 @@ def pytest_addoption(parser):
     parser.addoption("--impl", default=None, choices=("solutions", "exercises"),
                      help="package the graded exercise tests check (default: solutions)")
     parser.addoption("--regen-tables", action="store_true",
-                     help="rewrite tests/data/lesson_tables.json from the current code")
+                     help="rewrite tests/course/data/lesson_tables.json from the current code")
 
 
 def make_hf_model(arch: str, folder: str, seed: int = 0):

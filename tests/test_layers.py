@@ -1,4 +1,4 @@
-"""The layering of DESIGN.md holds: import-linter's contracts in pyproject.toml (layers, and no
+"""The layering of docs/ARCHITECTURE.md holds: import-linter's contracts in pyproject.toml (layers, and no
 import cycle between the siblings of any folder), checked with `lint-imports` as a user runs it.
 
 The contracts have teeth: on a copy of the package, an engine module importing course material

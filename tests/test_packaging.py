@@ -35,6 +35,14 @@ def test_environment_yml_mirrors_pyproject():
     assert python.split("=")[1] >= p["requires-python"].lstrip(">=")
 
 
+def test_the_license_is_an_spdx_expression():
+    """PEP 639: `license = "MIT"`; the older table form makes setuptools warn on every install."""
+    assert project()["license"] == "MIT"
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert any(Requirement(r).name == "setuptools" and Requirement(r).specifier.contains("77") and
+               not Requirement(r).specifier.contains("76") for r in build), build
+
+
 def test_triton_is_required_on_linux_only():
     """triton has no macOS or Windows wheels: a hard dependency would make pip fail there."""
     reqs = {r.name: r for r in map(Requirement, project()["dependencies"])}
@@ -48,9 +56,47 @@ def test_triton_is_required_on_linux_only():
     assert all(r.marker is None for name, r in reqs.items() if name not in ("triton", "uvloop"))
 
 
+# third-party modules that nanoserve imports only for tooling outside serving: the extra that has them
+TOOLING = {"huggingface_hub": "hub", "nbformat": "dev", "nbclient": "dev", "jupyter_core": "dev"}
+
+
+def imported_modules() -> dict[str, str]:
+    """Every third-party top-level module that nanoserve/ imports -> one file that imports it."""
+    import ast
+    found = {}
+    for path in sorted((ROOT / "nanoserve").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for top in {n.split(".")[0] for n in names}:
+                if top not in sys.stdlib_module_names and top != "nanoserve":
+                    found.setdefault(top, str(path.relative_to(ROOT)))
+    return found
+
+
+def test_what_nanoserve_imports_it_declares():
+    """An import on the serving path is a runtime dependency (not a [dev] one that `pip install
+    nanoserve` would miss); the tooling's few are in the extra that needs them."""
+    from importlib.metadata import packages_distributions
+
+    def names(reqs):
+        return {Requirement(r).name.lower().replace("_", "-") for r in reqs}
+    p = project()
+    runtime = names(p["dependencies"])
+    extras = {k: names(v) for k, v in p["optional-dependencies"].items()}
+    dists = packages_distributions()
+    for module, where in imported_modules().items():
+        dist = {d.lower().replace("_", "-") for d in dists.get(module, [module])}
+        if module in TOOLING:
+            assert dist & extras[TOOLING[module]], f"{module} ({where}) is not in [{TOOLING[module]}]"
+        else:
+            assert dist & runtime, f"{where} imports {module}: not in pyproject's dependencies"
+
+
 def test_ci_runs_the_readme_test_commands():
     readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme and "make test" in ci
+    assert "make lint" in ci
     assert "make test-no-triton" in ci and "test-no-triton" in readme
     assert "make demo" in readme and "venv" in readme and ".venv\\Scripts\\python" in readme, \
         "the README gives the install steps without make (Windows) too"

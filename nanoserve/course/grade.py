@@ -20,7 +20,6 @@ paged_attention=mine)`. `load_piece` imports a piece of exercises/ or solutions/
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -33,6 +32,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nanoserve import cli
 from nanoserve.course import grade_report
 from nanoserve.course.grade_report import TITLES, score_table  # noqa: F401 (grade.score_table)
 
@@ -219,11 +219,11 @@ def grade_submissions(folder: Path, exercises: list[str], timeout: float | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="nanoserve grade",
-                                 description="Run the graded tests and print a score per exercise.")
-    ap.add_argument("exercise", nargs="*", help="exercise ids to grade, e.g. ex02 ex05 (default: all)")
+    ap = cli.parser("nanoserve grade", "Run the graded tests and print a score per exercise.")
+    ap.add_argument("exercise", nargs="*", default=None,
+                    help="exercise ids to grade, e.g. ex02 ex05 (default: all)")
     ap.add_argument("--impl", default="exercises", choices=("exercises", "solutions"),
-                    help="which package to grade (default: exercises, your answers)")
+                    help="which package to grade: exercises is your answers")
     ap.add_argument("--format", default="text", choices=("text", "json", "gradescope"),
                     help="text: the score table; json: a report; gradescope: Gradescope's results.json")
     ap.add_argument("--submission", type=Path, help="grade this student's folder of exercise files")

@@ -6,7 +6,7 @@ quick sizes), and one lesson (05: model, engine, scheduler, scenarios and a widg
 headless in quick mode. Prints one line per check, OK / WARN / FAIL with what to fix, and exits
 1 if anything FAILed.
 
-Deliberately left out: running every lesson (tests/test_lessons_execute.py does), and judging
+Deliberately left out: running every lesson (tests/course/test_lessons_execute.py does), and judging
 the ceilings against a reference (course.reference draws that comparison in the lessons).
 """
 

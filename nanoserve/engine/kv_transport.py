@@ -8,7 +8,7 @@ check they are its prompt's), then the payload, 64-byte aligned:
   cuda_ipc  a pickled CUDA IPC handle of a device tensor of that shape (torch.multiprocessing's
             reduce_tensor, as vLLM's RLHF examples share weights between processes). The producer
             keeps the tensor alive until the consumer has copied it and unlinked the segment.
-            UNTESTED: written for when a GPU is lent (tests/disagg/test_cuda_ipc.py runs it there);
+            UNTESTED: written for when a GPU is lent (tests/engine/test_cuda_ipc.py runs it there);
             nothing CUDA is imported unless it is chosen.
 The header: magic, format version, dtype, payload kind, shape, the CRC-32 of ids + payload (the
 host payload: a corrupted byte fails the load instead of changing a token), payload bytes. The

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from nanoserve import cli
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine import LLM, LLMEngine, ModelRunner, StepRecord
 from nanoserve.measure import figures, roofline
@@ -286,37 +287,45 @@ def make_workload(kind: str, num_requests: int, input_len: int, output_len: int,
     raise ValueError(f"workload kind {kind!r}: choose synthetic, shared_prefix or interference")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = cli.parser("nanoserve bench", main.__doc__)
+    a = ap.add_argument
+    a("--model", default="preset:llama-120m", help="checkpoint folder, hub id or preset:NAME")
+    a("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    a("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+      help="weights and KV cache (default: bfloat16 on CUDA, float32 on CPU)")
+    a("--workload", default="synthetic", choices=["synthetic", "shared_prefix", "interference"],
+      help="synthetic: random prompts; shared_prefix: one prefix, different suffixes; interference: "
+      "short requests decoding while long prompts arrive")
+    a("--num-requests", type=int, default=32, help="requests in the workload")
+    a("--input-len", type=int, default=128, help="prompt tokens per request")
+    a("--output-len", type=int, default=64, help="output tokens per request")
+    a("--rate", type=float, default=math.inf, help="requests/s ('inf': all at t=0)")
+    a("--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps; 1 = Poisson")
+    a("--prefix-len", type=int, default=512, help="shared_prefix: the shared tokens")
+    a("--long-prompt-len", type=int, default=2048, help="interference: the long prompts' tokens")
+    a("--seed", type=int, default=0, help="the workload's and the sampler's")
+    a("--max-num-seqs", type=int, default=64, help="requests running at once")
+    a("--max-num-batched-tokens", type=int, default=512, help="tokens one step computes at most")
+    a("--block-size", type=int, default=16, help="tokens per KV block")
+    a("--num-kv-blocks", type=int, default=None, help="KV blocks (default: sized from memory)")
+    a("--policy", default="continuous", choices=["continuous", "static"],
+      help="continuous batching, or static: a batch runs to its end before the next is admitted")
+    a("--no-chunked-prefill", action="store_true", help="a prompt's prefill in one step, not chunks")
+    a("--no-prefix-caching", action="store_true", help="never reuse the KV of a shared prefix")
+    a("--slo", default=None, help="goodput's SLOs, e.g. 'ttft<=500ms,itl_p99<=100ms'")
+    a("--warmup", type=int, default=1, help="requests' shapes run before timing")
+    a("--no-roofline", action="store_true", help="skip MBU/MFU (no ceilings needed)")
+    a("--overhead", type=int, default=0, metavar="BATCH",
+      help="also time scheduler + batch preparation at this decode batch (0: don't)")
+    a("--plot", default=None, metavar="PNG", help="save timeline/latency/steps here")
+    a("--quiet", action="store_true", help="no progress bar")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m nanoserve bench ...`: replay a workload, print metrics (and MBU/MFU)."""
-    ap = argparse.ArgumentParser(prog="nanoserve bench", description=main.__doc__)
-    ap.add_argument("--model", default="preset:llama-120m")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--workload", default="synthetic",
-                    choices=["synthetic", "shared_prefix", "interference"])
-    ap.add_argument("--num-requests", type=int, default=32)
-    ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--rate", type=float, default=math.inf, help="requests/s ('inf': all at t=0)")
-    ap.add_argument("--burstiness", type=float, default=1.0)
-    ap.add_argument("--prefix-len", type=int, default=512, help="shared_prefix: shared tokens")
-    ap.add_argument("--long-prompt-len", type=int, default=2048, help="interference: long prompt")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--num-kv-blocks", type=int, default=None)
-    ap.add_argument("--policy", default="continuous", choices=["continuous", "static"])
-    ap.add_argument("--no-chunked-prefill", action="store_true")
-    ap.add_argument("--no-prefix-caching", action="store_true")
-    ap.add_argument("--slo", default=None, help="e.g. 'ttft<=500ms,itl_p99<=100ms'")
-    ap.add_argument("--warmup", type=int, default=1, help="requests' shapes run before timing")
-    ap.add_argument("--no-roofline", action="store_true", help="skip MBU/MFU (no ceilings needed)")
-    ap.add_argument("--overhead", type=int, default=0, metavar="BATCH",
-                    help="also time scheduler + batch preparation at this decode batch")
-    ap.add_argument("--plot", default=None, metavar="PNG", help="save timeline/latency/steps here")
-    ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     config = EngineConfig(
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from nanoserve import cli
 from nanoserve.measure import datasets, spec_decode_metrics
 from nanoserve.measure.http_result import HTTPOutput, LoadResult
 from nanoserve.measure.slo import parse_slo
@@ -198,58 +199,78 @@ def run_sync(coro):
 
 # ---- `python -m nanoserve loadgen` --------------------------------------------------------------
 
+RESULT_DIR = "results"  # --save-result's folder by default: .gitignore has it, so a clone stays clean
+
+
 def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a = ap.add_argument
     a("--base-url", default=None, help="server URL (default: http://HOST:PORT)")
-    a("--host", default="127.0.0.1")
-    a("--port", type=int, default=8000)
+    a("--host", default="127.0.0.1", help="the server's host, when there is no --base-url")
+    a("--port", type=int, default=8000, help="the server's port, when there is no --base-url")
     a("--endpoint", default="/v1/completions", help="/v1/completions or /v1/chat/completions")
     a("--model", default=None, help="model name to send (default: the server's first model)")
     a("--tokenizer", default=None, help="checkpoint folder or preset:NAME: the vocabulary for "
       "random ids, the tokenizer for chat prompts")
     a("--vocab-size", type=int, default=None, help="vocabulary size when there is no --tokenizer")
-    a("--dataset", default=None, help="shorthand: random | prefix | FILE (a JSONL trace)")
-    a("--dataset-name", default="random", choices=["random", "prefix_repetition", "custom"])
-    a("--dataset-path", default=None, help="the JSONL trace of --dataset-name custom")
-    a("--num-prompts", type=int, default=1000)
-    a("--random-input-len", type=int, default=1024)
-    a("--random-output-len", type=int, default=128)
-    a("--random-range-ratio", type=float, default=0.0)
-    a("--prefix-repetition-prefix-len", type=int, default=256)
-    a("--prefix-repetition-suffix-len", type=int, default=256)
-    a("--prefix-repetition-num-prefixes", type=int, default=10)
-    a("--prefix-repetition-output-len", type=int, default=128)
+    a("--dataset-name", default=None, choices=["random", "prefix_repetition", "custom"],
+      help="random prompts, prompts sharing prefixes, or a JSONL trace (custom, with --dataset-path) "
+      "(default: random, or custom when --dataset-path is given)")
+    a("--dataset-path", default=None, help="the JSONL trace of --dataset-name custom: one request "
+      "a line, with `prompt` and `output_tokens`")
+    a("--dataset", default=None, metavar="random|prefix|FILE", help="an alias of --dataset-name "
+      "random, --dataset-name prefix_repetition, or --dataset-path FILE")
+    a("--num-prompts", type=int, default=1000, help="requests to send")
+    a("--random-input-len", type=int, default=1024, help="random: prompt tokens per request")
+    a("--random-output-len", type=int, default=128, help="random: output tokens per request")
+    a("--random-range-ratio", type=float, default=0.0,
+      help="random: lengths drawn uniformly within this ratio around the two above")
+    a("--prefix-repetition-prefix-len", type=int, default=256, help="prefix_repetition: prefix tokens")
+    a("--prefix-repetition-suffix-len", type=int, default=256, help="prefix_repetition: suffix tokens")
+    a("--prefix-repetition-num-prefixes", type=int, default=10,
+      help="prefix_repetition: distinct prefixes")
+    a("--prefix-repetition-output-len", type=int, default=128,
+      help="prefix_repetition: output tokens per request")
     a("--request-rate", type=float, default=math.inf, help="requests/s; inf: all at t=0")
     a("--burstiness", type=float, default=1.0, help="gamma shape of the gaps; 1 = Poisson")
-    a("--max-concurrency", type=int, default=None)
-    a("--ignore-eos", action="store_true")
+    a("--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)")
+    a("--ignore-eos", action="store_true", help="ask the server to sample past end-of-sequence")
     a("--goodput", nargs="+", default=None, help='SLOs as "KEY:VALUE" in ms: ttft, tpot, e2el')
-    a("--seed", type=int, default=0)
-    a("--temperature", type=float, default=0.0, help="sent with every request (default: greedy)")
+    a("--seed", type=int, default=0, help="the dataset's and the arrivals' seed")
+    a("--temperature", type=float, default=0.0, help="sent with every request (0: greedy)")
     a("--probe-request-rate", type=float, default=0.0,
       help="also send short probe requests at this rate (req/s), one at a time, beside the load")
-    a("--probe-input-len", type=int, default=8)
-    a("--percentile-metrics", default="ttft,tpot,itl")
-    a("--metric-percentiles", default="99")
-    a("--disable-tqdm", action="store_true")
-    a("--save-result", action="store_true")
-    a("--result-dir", default=None)
-    a("--result-filename", default=None)
-    a("--label", default="loadgen")
+    a("--probe-input-len", type=int, default=8, help="a probe's prompt tokens")
+    a("--percentile-metrics", default="ttft,tpot,itl", help="metrics whose percentiles are printed")
+    a("--metric-percentiles", default="99", help="comma-separated percentiles to print")
+    a("--disable-tqdm", action="store_true", help="no progress bar")
+    a("--save-result", action="store_true", help="write the result as vLLM's JSON into --result-dir")
+    a("--result-dir", default=RESULT_DIR, help="folder for --save-result (vLLM's default is the "
+      "current folder: pass . for that)")
+    a("--result-filename", default=None,
+      help="file name in --result-dir (default: LABEL-RATEqps[-concurrencyN]-MODEL-DATE.json)")
+    a("--label", default="loadgen", help="the result's label, the first part of its file name")
     a("--api-key", default=None, help="Bearer key (default: $OPENAI_API_KEY)")
     a("--request-timeout", type=float, default=600.0, help="seconds a request may take")
     a("--extra-body", type=json.loads, default=None, help="JSON merged into every request")
     return ap
 
 
-def build_requests(args, vocab_size: int | None, tokenizer, chat: bool) -> list[datasets.LoadRequest]:
-    name, path = args.dataset_name, args.dataset_path
+def dataset_choice(args) -> tuple[str, str | None]:
+    """(vLLM's dataset name, path) from --dataset-name/--dataset-path or the --dataset alias."""
     if args.dataset is not None:
-        name, path = {"random": ("random", None), "prefix": ("prefix_repetition", None)}.get(
+        if args.dataset_name is not None or args.dataset_path is not None:
+            raise SystemExit("--dataset is an alias of --dataset-name/--dataset-path: give one or the other")
+        return {"random": ("random", None), "prefix": ("prefix_repetition", None)}.get(
             args.dataset, ("custom", args.dataset))
+    name = args.dataset_name or ("custom" if args.dataset_path else "random")
+    if name == "custom" and not args.dataset_path:
+        raise SystemExit("--dataset-name custom needs --dataset-path FILE")
+    return name, args.dataset_path
+
+
+def build_requests(args, vocab_size: int | None, tokenizer, chat: bool) -> list[datasets.LoadRequest]:
+    name, path = dataset_choice(args)
     if name == "custom":
-        if not path:
-            raise SystemExit("--dataset-name custom needs --dataset-path FILE")
         reqs = datasets.load_trace(path, args.num_prompts, args.request_rate, args.burstiness,
                                    args.seed, tokenizer)
     elif name == "prefix_repetition":
@@ -273,14 +294,14 @@ def build_requests(args, vocab_size: int | None, tokenizer, chat: bool) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m nanoserve loadgen ...`: run, print vLLM's result table, optionally save JSON."""
-    ap = add_cli_args(argparse.ArgumentParser(prog="nanoserve loadgen", description=__doc__))
+    ap = add_cli_args(cli.parser("nanoserve loadgen", __doc__))
     args = ap.parse_args(argv)
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     model = args.model or run_sync(first_model(base_url, args.api_key or os.environ.get("OPENAI_API_KEY")))
     tokenizer = datasets.load_text_tokenizer(args.tokenizer)
     target = Target(base_url, model, args.endpoint, args.api_key, args.temperature, args.ignore_eos,
                     args.extra_body, args.request_timeout)
-    uses_ids = (args.dataset or args.dataset_name) in ("random", "prefix", "prefix_repetition")
+    uses_ids = dataset_choice(args)[0] in ("random", "prefix_repetition")
     vocab = datasets.resolve_vocab_size(args.tokenizer, args.vocab_size) if uses_ids or \
         args.probe_request_rate > 0 else None
     reqs = build_requests(args, vocab, tokenizer, target.chat)
@@ -313,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = "inf" if math.isinf(args.request_rate) else f"{args.request_rate:g}"
         conc = f"-concurrency{args.max_concurrency}" if args.max_concurrency else ""
         name = f"{args.label}-{rate}qps{conc}-{model.split('/')[-1]}-{config['date']}.json"
-        path = os.path.join(args.result_dir or ".", args.result_filename or name)
+        path = os.path.join(args.result_dir, args.result_filename or name)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
             json.dump(result.to_json(percentiles) | (spec or {}), f, indent=1)

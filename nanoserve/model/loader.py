@@ -29,6 +29,7 @@ from nanoserve.model.presets import preset_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEMO_MODEL_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "demo-model")
+DEMO_MODEL_NAME = "demo-model"  # what the demo, the server and the lessons call it
 
 # HF name (inside a layer) -> (our name, position in the fused tensor, parts in it)
 _FUSED = {"self_attn.q_proj": ("self_attn.qkv_proj", 0, 3), "self_attn.k_proj": ("self_attn.qkv_proj", 1, 3),

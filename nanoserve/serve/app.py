@@ -30,6 +30,9 @@ from nanoserve.serve import protocol as p
 from nanoserve.serve.serving import OpenAIServing, respond
 
 log = logging.getLogger("nanoserve.serve")
+# each POST route's request model, for naming its required fields when the body is missing
+BODIES = {"/v1/completions": p.CompletionRequest, "/v1/chat/completions": p.ChatCompletionRequest,
+          "/tokenize": p.TokenizeRequest, "/detokenize": p.DetokenizeRequest}
 
 
 class AuthenticationMiddleware:
@@ -65,12 +68,20 @@ def build_app(serving: OpenAIServing, metrics, api_key: str | None = None, lifes
         return JSONResponse(e.body(), e.status, e.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_, e: RequestValidationError):
+    async def invalid(request: Request, e: RequestValidationError):
         errors = e.errors()
         first = errors[0] if errors else {}
         if first.get("type") == "json_invalid":
             return JSONResponse(p.error_body(f"the request body is not valid JSON: "
                                              f"{first.get('ctx', {}).get('error', '')}", 400), 400)
+        if tuple(first.get("loc", ())) == ("body",):  # no body, or not a JSON object: name the fields
+            model = BODIES.get(request.url.path)
+            need = [n for n, f in model.model_fields.items() if f.is_required()] if model else []
+            what = "missing" if first.get("type") == "missing" else "not a JSON object"
+            return JSONResponse(p.error_body(
+                f"the request body is {what}: send a JSON object with "
+                f"{', '.join(f'`{n}`' for n in need) or 'the request fields'}", 400,
+                need[0] if need else None), 400)
         lines = [f"{'.'.join(str(x) for x in err.get('loc', ()) if x != 'body')}: {err.get('msg')}"
                  for err in errors[:5]]
         return JSONResponse(p.error_body("; ".join(lines) or "invalid request", 400,
@@ -121,7 +132,8 @@ def build_app(serving: OpenAIServing, metrics, api_key: str | None = None, lifes
         vocab = serving.engine.engine.model_config.vocab_size
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
-            raise p.APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "tokens")
+            raise p.APIError(400, f"tokens: token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                             "tokens")
         return {"prompt": serving.decode(req.tokens)}
 
     @app.get("/metrics")

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 
+from nanoserve import cli
 from nanoserve.serve.launch import ServerProcess, is_loopback, parse_cpus
 from nanoserve.serve.router import Router, add_router_args, build_router_app
 
@@ -114,21 +115,23 @@ class Deployment:
 
 
 def add_disagg_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    ap.add_argument("--disaggregated", action="store_true", required=True)
+    ap.add_argument("--disaggregated", action="store_true", required=True,
+                    help="a prefill and a decode instance of MODEL behind a router")
     ap.add_argument("--host", default="127.0.0.1", help="the router's interface")
     ap.add_argument("--port", type=int, default=8000, help="the router's port")
     ap.add_argument("--api-key", default=None, help="required by the router on /v1 (the instances "
                     "listen on loopback only, without a key)")
     ap.add_argument("--kv-transfer-config", default=json.dumps(SHM),
                     help="JSON of KVTransferConfig for both instances (kv_role is set for each)")
-    ap.add_argument("--prefill-cpus", default=None, help="CPUs of the prefill instance (default: half)")
+    ap.add_argument("--prefill-cpus", default=None, help="CPUs of the prefill instance (default: "
+                    "half)")
     ap.add_argument("--decode-cpus", default=None, help="CPUs of the decode instance (default: "
                     "the other half)")
     ap.add_argument("--prefill-device", default=None, help="its --device (default: --device)")
     ap.add_argument("--decode-device", default=None, help="its --device (default: --device)")
     ap.add_argument("--startup-timeout", type=float, default=600.0,
                     help="seconds each instance may take to load and become healthy")
-    ap.add_argument("--uvicorn-log-level", default="info")
+    ap.add_argument("--uvicorn-log-level", default="info", help="uvicorn's log level, for all three")
     return add_router_args(ap)
 
 
@@ -137,9 +140,7 @@ def main(argv: list[str]) -> int:
     to both instances."""
     import uvicorn
 
-    ap = add_disagg_args(argparse.ArgumentParser(
-        prog="nanoserve serve MODEL --disaggregated", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter))
+    ap = add_disagg_args(cli.parser("nanoserve serve MODEL --disaggregated", __doc__))
     args, rest = ap.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per proxied request

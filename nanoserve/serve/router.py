@@ -36,6 +36,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from nanoserve import cli
 from nanoserve.engine.kv_connector import release_kv_transfer
 from nanoserve.serve import protocol as p
 from nanoserve.serve.app import AuthenticationMiddleware
@@ -294,19 +295,22 @@ def add_router_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return ap
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = cli.parser("python -m nanoserve.serve.router", __doc__)
+    ap.add_argument("--prefill", required=True, help="base URL of the prefill instance")
+    ap.add_argument("--decode", required=True, help="base URL of the decode instance")
+    ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
+    ap.add_argument("--port", type=int, default=8000, help="port to listen on")
+    ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    ap.add_argument("--uvicorn-log-level", default="info", help="uvicorn's log level")
+    return add_router_args(ap)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m nanoserve.serve.router --prefill URL --decode URL [--host H --port P]`."""
     import uvicorn
 
-    ap = argparse.ArgumentParser(prog="python -m nanoserve.serve.router", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prefill", required=True, help="base URL of the prefill instance")
-    ap.add_argument("--decode", required=True, help="base URL of the decode instance")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--api-key", default=None)
-    ap.add_argument("--uvicorn-log-level", default="info")
-    args = add_router_args(ap).parse_args(argv)
+    args = build_parser().parse_args(argv)
     router = Router(args.prefill, args.decode, args.prefill_timeout, args.decode_timeout,
                     args.request_timeout)
     uvicorn.run(build_router_app(router, args.api_key), host=args.host, port=args.port,

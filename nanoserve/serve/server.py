@@ -26,9 +26,11 @@ import os
 import sys
 from contextlib import asynccontextmanager
 
+from nanoserve import cli
 from nanoserve.config import EngineConfig
 from nanoserve.engine import LLMEngine
-from nanoserve.model import DEMO_MODEL_DIR
+from nanoserve.engine.model_runner import default_model
+from nanoserve.model import DEMO_MODEL_DIR, DEMO_MODEL_NAME
 from nanoserve.model.fetch import is_fetchable
 from nanoserve.model.loader import resolve_model_path
 from nanoserve.sampling_params import SamplingParams
@@ -46,22 +48,29 @@ def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("model", nargs="?", default=None,
                     help="checkpoint folder, hub id, preset:NAME, a .gguf file or smollm2-135m "
                          "(default: the demo model)")
-    ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--host", default="127.0.0.1", help="interface to bind (loopback: this machine only)")
+    ap.add_argument("--port", type=int, default=8000, help="port to listen on")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                    help="weights and KV cache; auto: bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("--seed", type=int, default=0, help="the sampler's seed of requests without one")
     ap.add_argument("--served-model-name", default=None,
-                    help="the name clients send as `model` (default: MODEL as given)")
-    ap.add_argument("--max-model-len", type=int, default=None)
-    ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
-    ap.add_argument("--block-size", type=int, default=16)
+                    help=f"the name clients send as `model` (default: MODEL as given, or {DEMO_MODEL_NAME} "
+                    "without MODEL)")
+    ap.add_argument("--max-model-len", type=int, default=None, help="prompt + output tokens of a "
+                    "request at most (default: the model's max_position_embeddings)")
+    ap.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512,
+                    help="tokens one step computes at most")
+    ap.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     ap.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks (default: sized "
                     "from --kv-cache-memory-bytes, else from memory as EngineConfig says)")
-    ap.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="bytes of KV cache "
+                    "(default: a share of the device's memory)")
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                    help="reuse the KV blocks of a prompt prefix seen before")
+    ap.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                    help="split long prompts' prefill across steps, beside running decodes")
     ap.add_argument("--max-num-queued-reqs", type=int, default=None, help="requests in flight "
                     "(waiting + running) beyond which new ones get 503 + Retry-After")
     ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
@@ -69,7 +78,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--shutdown-timeout", type=float, default=10.0,
                     help="seconds open connections get to close after SIGTERM")
     ap.add_argument("--uvicorn-log-level", default="info",
-                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+                    choices=["critical", "error", "warning", "info", "debug", "trace"],
+                    help="uvicorn's log level (a line per request at info)")
     ap.add_argument("--kv-transfer-config", default=None, help="JSON of vLLM's KVTransferConfig, "
                     'e.g. \'{"kv_connector": "SharedMemoryConnector", "kv_role": "kv_producer"}\'')
     ap.add_argument("--speculative-config", default=None, help="JSON of vLLM's SpeculativeConfig, "
@@ -107,7 +117,7 @@ def build(args):
     if args.model is None and os.path.isfile(os.path.join(DEMO_MODEL_DIR, "config.json")):
         folder = DEMO_MODEL_DIR  # what LLMEngine loads by default
     is_demo = folder is not None and os.path.realpath(folder) == os.path.realpath(DEMO_MODEL_DIR)
-    name = args.served_model_name or args.model or "demo-model"
+    name = args.served_model_name or args.model or DEMO_MODEL_NAME
     metrics = ServerMetrics(name, config.num_speculative_tokens)
     async_engine = AsyncEngine(make_engine, args.max_num_queued_reqs, metrics)
     async_engine.start()  # loads the model on the engine thread, where every step will run
@@ -140,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--disaggregated" in argv:
         from nanoserve.serve.disagg import main as disaggregated_main
         return disaggregated_main(argv)
-    args = add_cli_args(argparse.ArgumentParser(prog="nanoserve serve", description=__doc__)).parse_args(argv)
+    args = add_cli_args(cli.parser("nanoserve serve", __doc__)).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not is_loopback(args.host) and not args.api_key:
         log.warning("serving on %s without --api-key: anyone who can reach this address can use "
@@ -152,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         def handle_exit(self, sig, frame):  # SIGTERM / Ctrl-C: end in-flight streams now
             async_engine.begin_shutdown()
             super().handle_exit(sig, frame)
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:  # the port is bound: say what is served where
+                url = f"http://{args.host}:{args.port}"
+                log.info("serving %s as model %r at %s (OpenAI API at %s/v1)",
+                         args.model or default_model(), app.state.serving.model_name, url, url)
 
     server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                    timeout_graceful_shutdown=args.shutdown_timeout))

@@ -87,8 +87,19 @@ class OpenAIServing:
         if req.stream_options is not None and not req.stream:
             raise p.APIError(400, "Stream options can only be defined when `stream=True`.",
                              "stream_options")
+        limit, n = self.max_model_len, num_prompt_tokens
+        if n >= limit:  # vLLM's words (entrypoints/openai/serving_engine.py, _validate_input)
+            raise p.APIError(400, f"This model's maximum context length is {limit} tokens. However, "
+                                  f"your request has {n} input tokens. Please reduce the length of the "
+                                  "input messages.", "messages" if hasattr(req, "messages") else "prompt")
         if max_tokens is None:  # vLLM: whatever room max_model_len leaves
-            max_tokens = max(1, self.max_model_len - num_prompt_tokens)
+            max_tokens = limit - n
+        elif isinstance(max_tokens, int) and max_tokens > limit - n:  # vLLM refuses, never cuts
+            raise p.APIError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. "
+                                  f"This model's maximum context length is {limit} tokens and your "
+                                  f"request has {n} input tokens ({max_tokens} > {limit} - {n}).",
+                             "max_completion_tokens" if getattr(req, "max_completion_tokens", None)
+                             is not None else "max_tokens")
         try:
             return SamplingParams(
                 max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,

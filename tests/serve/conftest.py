@@ -18,6 +18,11 @@ SERVER_ENV = {"OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
 SMALL = ("--num-kv-blocks", "512", "--uvicorn-log-level", "warning")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cpu_ops_before_servers(cpu_ops):
+    """Every test here starts servers under a start-up time limit: build the C++ ops first."""
+
+
 def start(*args: str) -> ServerProcess:
     return ServerProcess(None, *SMALL, *args, env=SERVER_ENV).start()
 

@@ -35,6 +35,11 @@ def test_models_lists_the_served_model(client):
     assert models[0].max_model_len == 1024
 
 
+def test_the_start_up_log_names_the_model_its_served_name_and_the_url(server):
+    assert (f"serving {DEMO_MODEL_DIR} as model 'demo-model' at {server.base_url} "
+            f"(OpenAI API at {server.base_url}/v1)") in server.log(tail=20000)
+
+
 def test_openai_package_streams_a_completion_equal_to_llm_generate(client, llm):
     for prompt in PROMPTS:
         want = llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0))[0]

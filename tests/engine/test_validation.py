@@ -55,7 +55,7 @@ def test_sampling_params_accept_numpy_and_torch_integers_and_vllm_spellings():
     assert all(type(v) is int for v in (p.max_tokens, p.top_k, p.seed, *p.stop_token_ids))
     assert SamplingParams(seed=-1).seed is None  # vLLM: -1 means no seed
     assert SamplingParams(stop_token_ids=None).stop_token_ids == []
-    assert SamplingParams(top_k=0).top_k == 0  # all tokens, as vLLM (tests/test_sampler.py)
+    assert SamplingParams(top_k=0).top_k == 0  # all tokens, as vLLM (tests/engine/test_sampler.py)
 
 
 @pytest.fixture

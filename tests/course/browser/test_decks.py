@@ -8,7 +8,7 @@ import pytest
 
 from nanoserve.course import lessons
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DECKS = ROOT / "slides"
 
 

@@ -79,6 +79,7 @@ def _segments() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("nskv")} if os.path.isdir("/dev/shm") else set()
 
 
+@pytest.mark.usefixtures("cpu_ops")  # timed: the C++ ops are built before, not inside it
 @pytest.mark.serial
 def test_real_layouts_end_to_end_on_the_tiny_preset():
     from nanoserve.course import setup

@@ -150,7 +150,7 @@ def test_cli_prints_mbu_from_cached_ceilings(capsys, tmp_path, monkeypatch):
 # --- benchmarks/peers.py ---
 
 def load_peers():
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "peers.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "peers.py")
     spec = importlib.util.spec_from_file_location("peers", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

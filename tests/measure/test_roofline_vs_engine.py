@@ -37,6 +37,7 @@ def timed_steps(eng, prompts, max_tokens):
     return eng.trace[start:]
 
 
+@pytest.mark.usefixtures("cpu_ops")  # timed: the C++ ops are built before, not inside it
 @pytest.mark.serial  # times real steps: run alone, not beside another xdist worker
 def test_prefill_and_decode_step_times_are_within_the_stated_factor_of_the_roofline(setup):
     eng, cfg, ceil = setup

@@ -19,7 +19,7 @@ import pytest
 from nanoserve import LLM, EngineConfig, SamplingParams
 from nanoserve.engine import kv_transport
 from nanoserve.serve.launch import ServerProcess
-from tests.disagg.conftest import corrupt
+from tests.engine.disagg_engines import corrupt
 from tests.serve.conftest import SERVER_ENV, scheduler_state, sse_events, wait_idle
 
 MAX_TOKENS = 12

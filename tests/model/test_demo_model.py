@@ -18,7 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-MODEL_DIR = Path(__file__).resolve().parent.parent / "nanoserve" / "assets" / "demo-model"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "nanoserve" / "assets" / "demo-model"
 EOT = "<|endoftext|>"
 
 

@@ -1,5 +1,5 @@
 """The lessons' form, for every notebooks/NN_*.ipynb: committed without outputs (the modelled
-tables they print are pinned in tests/test_lesson_tables.py instead), slide metadata on every
+tables they print are pinned in tests/course/test_lesson_tables.py instead), slide metadata on every
 cell, a title, a summary, a "check yourself" question and the exercise that goes with it,
 thin code cells, and a reveal.js deck that builds. Running them is nbval's job
 (`pytest --nbval-lax notebooks/`)."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-ROOT = Path(__file__).parent.parent
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+ROOT = Path(__file__).resolve().parents[2]
 SLIDE_TYPES = {"slide", "subslide", "fragment", "-", "skip", "notes"}
 MAX_CODE_LINES = 15  # "a cell is a few lines": logic belongs in nanoserve/
 

@@ -15,6 +15,9 @@ import pytest
 
 from nanoserve.course import lessons
 
+# each cell runs under a time limit: the C++ ops are built before
+pytestmark = pytest.mark.usefixtures("cpu_ops")
+
 LESSONS = lessons.lesson_paths(lessons.WORKSHOP_LESSONS)
 WIDGET_LESSONS = {"03", "05", "07", "08", "09"}
 CELL_TIMEOUT = 240  # seconds; quick-mode cells take a few on 2 busy cores, the slowest ~20

@@ -17,6 +17,9 @@ from nanoserve.measure.metrics import compute_metrics, stratify
 from nanoserve.model import DEMO_MODEL_DIR
 from nanoserve.serve.launch import ServerProcess
 
+# servers start here under a time limit: the C++ ops are built before
+pytestmark = pytest.mark.usefixtures("cpu_ops")
+
 VOCAB = 4096  # the demo model's
 
 

@@ -1,6 +1,7 @@
 """course.reference hands a lesson another machine's series only when it was measured on the same
 kind of device at exactly the sizes the lesson runs now; course.preflight reports what to fix.
-(The workshop pieces that need a kernel or a browser: tests/test_lessons_execute.py, tests/browser.)"""
+(The workshop pieces that need a kernel or a browser: tests/course/test_lessons_execute.py,
+tests/course/browser.)"""
 
 import json
 

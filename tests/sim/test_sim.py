@@ -266,6 +266,7 @@ def one_thread():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("cpu_ops")  # timed: the C++ ops are built before, not inside it
 @pytest.mark.serial  # times the real engine: run alone, not beside another xdist worker
 def test_sim_matches_real_engine_on_cpu(one_thread):
     def fresh_engine():  # fresh each run: a warm prefix cache would change the next run

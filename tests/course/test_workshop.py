@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nanoserve.course import lessons
 
-AGENDA = Path(__file__).resolve().parents[1] / "workshop" / "agenda.md"
+AGENDA = Path(__file__).resolve().parents[2] / "workshop" / "agenda.md"
 
 
 def table_rows(text: str, header: str) -> list[list[str]]:

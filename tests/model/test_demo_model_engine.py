@@ -5,7 +5,7 @@ import transformers
 
 from nanoserve import LLM, EngineConfig, SamplingParams
 from nanoserve.model import DEMO_MODEL_DIR
-from tests.test_model import engine_logits
+from tests.model.test_model import engine_logits
 
 
 def test_demo_model_logits_equal_hf():

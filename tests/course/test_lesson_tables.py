@@ -2,8 +2,8 @@
 
 Notebooks are committed without outputs, so nbval only checks that their cells run; these
 tables come from formulas, datasheets and seeded simulations, so their text must not drift
-silently. Each key is the very call a lesson's cell makes (tests/data/lesson_tables.json).
-After an intended change, regenerate: `pytest tests/test_lesson_tables.py --regen-tables`
+silently. Each key is the very call a lesson's cell makes (tests/course/data/lesson_tables.json).
+After an intended change, regenerate: `pytest tests/course/test_lesson_tables.py --regen-tables`
 (to pin a new call, add its key to the JSON with any value, then regenerate).
 """
 
@@ -29,6 +29,6 @@ def test_lesson_table_text(call, request):
 
 
 def test_every_pinned_call_is_in_a_lesson():
-    sources = "".join(p.read_text() for p in DATA.parent.parent.parent.glob("notebooks/*.ipynb"))
+    sources = "".join(p.read_text() for p in DATA.parents[3].glob("notebooks/*.ipynb"))
     for call in TABLES:
         assert json.dumps(call)[1:-1] in sources, f"no lesson makes the call {call}"

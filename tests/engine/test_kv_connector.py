@@ -16,7 +16,7 @@ from nanoserve import LLM, EngineConfig, LLMEngine, SamplingParams
 from nanoserve.engine import kv_transport
 from nanoserve.errors import InvalidRequest
 from tests.conftest import assert_no_leaks
-from tests.disagg.conftest import GREEDY, corrupt, decode, engine, prefill, run, segments
+from tests.engine.disagg_engines import GREEDY, corrupt, decode, engine, prefill, run, segments
 
 MAX_TOKENS = 10
 
