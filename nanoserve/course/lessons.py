@@ -26,7 +26,7 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WORKSHOP_LESSONS = tuple(f"{n:02d}" for n in range(11))
 # The course's thirteen claims, each measured by one lesson section: claim id -> (lesson, the
 # section's heading, what the measurement shows). workshop/agenda.md's core path shows every one
-# (tests/test_workshop.py checks the headings exist and the agenda covers all thirteen).
+# (tests/course/test_workshop.py checks the headings exist and the agenda covers all thirteen).
 CLAIMS = {
     "roofline": ("00", "The roofline",
                  "a step is bounded by bytes / bandwidth or FLOPs / peak, whichever is longer"),
