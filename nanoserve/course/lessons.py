@@ -22,8 +22,8 @@ NOTEBOOKS = ROOT / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # the lessons with speaker notes: the decks, the headless-execution test and the instructor guide
-# cover these (lesson 10 joins once it has its notes)
-WORKSHOP_LESSONS = tuple(f"{n:02d}" for n in range(10))
+# cover these (lesson 10 joins once it has its notes; 11 is a second-day lesson)
+WORKSHOP_LESSONS = (*(f"{n:02d}" for n in range(10)), "11")
 LIVE_NOTE = ("<p><em>Interactive in JupyterLab: run this lesson there to move the controls. "
              "Shown here: the widget's default view, as drawn when the deck was built.</em></p>")
 
