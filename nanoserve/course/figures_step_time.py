@@ -16,7 +16,7 @@ def _stacked(ax, labels: Sequence[str], parts: Sequence[str], values: Sequence[d
         ax.bar(labels, heights, bottom=bottom, color=color, label=part)
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set_ylabel("ms per step")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # clear of the bars
     ax.grid(True, axis="y", alpha=0.3)
 
 
