@@ -125,8 +125,8 @@ SIZES: dict[str, dict[str, dict]] = {
     # graph_kv_bytes: each graphs-on/off load's own KV pool, beside the lesson's loaded model
     "11": {"quick": dict(batches=(1, 8), context=32, steps=6, graph_batches=(1, 8), graph_kv_bytes=2**28,
                          pre_requests=8, pre_prompt=32, pre_tokens=32),
-           "cpu": dict(batches=(1, 16), context=256, steps=8, graph_batches=(1, 16), graph_kv_bytes=2**30,
-                       pre_requests=16, pre_prompt=128, pre_tokens=64),
+           "cpu": dict(batches=(1, 16), context=128, steps=6, graph_batches=(1, 16), graph_kv_bytes=2**30,
+                       pre_requests=16, pre_prompt=64, pre_tokens=48),
            "cuda": dict(batches=(1, 32), context=512, steps=16, graph_batches=(1, 8, 32, 64),
                         graph_kv_bytes=2**31,
                         pre_requests=64, pre_prompt=512, pre_tokens=256)},

@@ -84,12 +84,13 @@ def small_pool_blocks(llm, prompt_len: int, max_tokens: int, fits: float = 2.0) 
 def preemption_study(llm, num_requests: int = 8, prompt_len: int = 32, max_tokens: int = 32,
                      small_blocks: int | None = None, seed: int = 0) -> PreemptionStudy:
     """num_requests prompts of prompt_len random tokens, max_tokens greedy tokens each, all at
-    once, with room in the batch for all of them: at small_blocks KV blocks (default:
-    small_pool_blocks, room for two at full length) and at the engine's default pool."""
+    once, with room in the batch for all of them: at small_blocks KV blocks (default: room for
+    half of them at full length, so most prompts are admitted and their decodes outgrow the
+    pool) and at the engine's default pool."""
     engine = engine_of(llm)
     rng = np.random.default_rng(seed)
     prompts = [random_prompt(engine, prompt_len, rng) for _ in range(num_requests)]
-    small = small_blocks or small_pool_blocks(engine, prompt_len, max_tokens)
+    small = small_blocks or small_pool_blocks(engine, prompt_len, max_tokens, num_requests / 2)
     if small > engine.num_kv_blocks:
         raise ValueError(f"small_blocks={small} exceeds the engine's pool of {engine.num_kv_blocks}")
     return PreemptionStudy(_run(engine, prompts, max_tokens, small, num_requests),
