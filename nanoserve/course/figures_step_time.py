@@ -40,7 +40,7 @@ def plot_host_split(splits: Sequence, label: str, ax=None):
     ax = get_axes(ax)
     parts = (*HOST, "forward")
     names = [f"batch {s.batch}" + ("" if not any(t.graphs for t in splits) else
-                                   (", graphs" if s.graphs else ", eager")) for s in splits]
+                                   ("\ngraphs" if s.graphs else "\neager")) for s in splits]
     _stacked(ax, names, parts, [s.phases_ms for s in splits],
              [*plt.cm.Oranges([0.35, 0.5, 0.65, 0.8]), "tab:blue"])
     for i, s in enumerate(splits):
