@@ -120,16 +120,6 @@ SIZES: dict[str, dict[str, dict]] = {
         "cuda": dict(num_requests=200, input_median=1024, output_median=128,
                      sim_requests=300, rates=5, datasheet_requests=120),
     },
-    # batches: the step profile's and host split's decode batches; graph_batches: CUDA graphs on
-    # and off (all within the default capture sizes); pre_*: the preemption study's requests
-    # graph_kv_bytes: each graphs-on/off load's own KV pool, beside the lesson's loaded model
-    "11": {"quick": dict(batches=(1, 8), context=32, steps=6, graph_batches=(1, 8), graph_kv_bytes=2**28,
-                         pre_requests=8, pre_prompt=32, pre_tokens=32),
-           "cpu": dict(batches=(1, 16), context=128, steps=6, graph_batches=(1, 16), graph_kv_bytes=2**30,
-                       pre_requests=16, pre_prompt=64, pre_tokens=48),
-           "cuda": dict(batches=(1, 32), context=512, steps=16, graph_batches=(1, 8, 32, 64),
-                        graph_kv_bytes=2**31,
-                        pre_requests=64, pre_prompt=512, pre_tokens=256)},
     # model: what the server and the in-process LLM load (the demo model in quick mode: text in
     # and out); name: the served model name
     "10": {
@@ -143,6 +133,16 @@ SIZES: dict[str, dict[str, dict]] = {
                      output_len=128, sweep_requests=200, rate_fractions=(0.2, 0.4, 0.6, 0.8, 1.0),
                      batch1_requests=16, streams=64, server_args=()),
     },
+    # batches: the step profile's and host split's decode batches; graph_batches: CUDA graphs on
+    # and off (all within the default capture sizes); pre_*: the preemption study's requests
+    # graph_kv_bytes: each graphs-on/off load's own KV pool, beside the lesson's loaded model
+    "11": {"quick": dict(batches=(1, 8), context=32, steps=6, graph_batches=(1, 8), graph_kv_bytes=2**28,
+                         pre_requests=8, pre_prompt=32, pre_tokens=32),
+           "cpu": dict(batches=(1, 16), context=128, steps=6, graph_batches=(1, 16), graph_kv_bytes=2**30,
+                       pre_requests=16, pre_prompt=64, pre_tokens=48),
+           "cuda": dict(batches=(1, 32), context=512, steps=16, graph_batches=(1, 8, 32, 64),
+                        graph_kv_bytes=2**31,
+                        pre_requests=64, pre_prompt=512, pre_tokens=256)},
 }
 
 
