@@ -136,6 +136,16 @@ SIZES: dict[str, dict[str, dict]] = {
                      output_len=128, sweep_requests=200, rate_fractions=(0.2, 0.4, 0.6, 0.8, 1.0),
                      batch1_requests=16, streams=64, server_args=()),
     },
+    # batches: the step profile's and host split's decode batches; graph_batches: CUDA graphs on
+    # and off (all within the default capture sizes); pre_*: the preemption study's requests
+    # graph_kv_bytes: each graphs-on/off load's own KV pool, beside the lesson's loaded model
+    "11": {"quick": dict(batches=(1, 8), context=32, steps=6, graph_batches=(1, 8), graph_kv_bytes=2**28,
+                         pre_requests=8, pre_prompt=32, pre_tokens=32),
+           "cpu": dict(batches=(1, 16), context=128, steps=6, graph_batches=(1, 16), graph_kv_bytes=2**30,
+                       pre_requests=16, pre_prompt=64, pre_tokens=48),
+           "cuda": dict(batches=(1, 32), context=512, steps=16, graph_batches=(1, 8, 32, 64),
+                        graph_kv_bytes=2**31,
+                        pre_requests=64, pre_prompt=512, pre_tokens=256)},
 }
 
 
@@ -146,7 +156,7 @@ def lesson_model(device: str | None = None, quick: bool | None = None) -> str:
 
 
 def sizes(lesson: str, quick: bool | None = None, device: str | None = None) -> dict:
-    """The sizes lesson `lesson` ("00".."10") uses here (quick, or for this device), its model
+    """The sizes lesson `lesson` ("00".."11") uses here (quick, or for this device), its model
     under "model"."""
     if lesson not in SIZES:
         raise ValueError(f"lesson {lesson!r} has no sizes; choose from {sorted(SIZES)}")

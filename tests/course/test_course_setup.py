@@ -28,7 +28,7 @@ def test_sizes_and_models():
     assert setup.lesson_model(quick=True) == "preset:tiny"
     assert setup.lesson_model("cpu", quick=False) == "preset:llama-120m"
     assert setup.lesson_model("cuda", quick=False) == "preset:llama-3.2-1b"
-    for lesson in ("00", "01", "02", "03", "04", "05", "06", "07", "08", "09"):
+    for lesson in ("00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "11"):
         for quick, device in ((True, "cpu"), (False, "cpu"), (False, "cuda")):
             s = setup.sizes(lesson, quick, device)
             assert s["model"] == setup.lesson_model(device, quick)
@@ -36,8 +36,8 @@ def test_sizes_and_models():
     assert max(quick["lengths"]) <= max(full["lengths"])
     assert setup.sizes("10", True, "cpu")["model"] == DEMO_MODEL_DIR  # text in and out over HTTP
     assert setup.sizes("10", False, "cpu")["model"] == "preset:llama-120m"
-    with pytest.raises(ValueError, match="lesson '11'"):
-        setup.sizes("11")
+    with pytest.raises(ValueError, match="lesson '12'"):
+        setup.sizes("12")
     assert setup.default_dtype("cpu") == "float32" and setup.default_dtype("cuda:0") == "bfloat16"
 
 

@@ -1,5 +1,5 @@
-"""Every lesson 00-09 executes headless with nbclient, as `jupyter nbconvert --execute` and
-`make slides` do, within a per-cell timeout, widgets included (quick mode), and each widget
+"""Every workshop lesson (00-09, 11) executes headless with nbclient, as `jupyter nbconvert --execute`
+and `make slides` do, within a per-cell timeout, widgets included (quick mode), and each widget
 leaves the figure of its default state in the notebook.
 
 nbval does not catch a stalled widget cell: it does not serve the Output widget's message capture,

@@ -1,5 +1,6 @@
-"""Measurements behind lessons 00-04: the device's ceilings, the two phases, the KV cache,
-batched decode and continuous batching. One module per idea; everything is re-exported here,
+"""Measurements behind lessons 00-04 and 11: the device's ceilings, the two phases, the KV cache,
+batched decode, continuous batching, and where a step's time goes (host work, CUDA graphs,
+preemption at a small KV pool). One module per idea; everything is re-exported here,
 so a notebook writes `from nanoserve.course import experiments as ex` and calls
 `ex.prefill_sweep(...)`.
 
@@ -13,7 +14,7 @@ weights once. Whatever is not measured is computed from a formula and says so in
 the KV cache of other models, FLOP counts, datasheet ridge points, the simulated toy.
 
 Sizes come from `course.setup.sizes(lesson)`: small in quick mode (NANOSERVE_QUICK=1), sized
-for the device otherwise. Deliberately left out: figures (course.figures), lessons 05-09
+for the device otherwise. Deliberately left out: figures (course.figures), lessons 05-10
 (course.scenarios).
 """
 
@@ -52,6 +53,7 @@ from nanoserve.course.experiments.device import (
     linear_table,
     weight_read_table,
 )
+from nanoserve.course.experiments.host_time import HostSplit, graphs_on_off, host_split, host_table
 from nanoserve.course.experiments.kv import (
     AllocatorCheck,
     FragmentationRun,
@@ -79,6 +81,12 @@ from nanoserve.course.experiments.phases import (
     roofline_points,
     two_phases,
 )
+from nanoserve.course.experiments.preemption import (
+    PoolRun,
+    PreemptionStudy,
+    preemption_study,
+    small_pool_blocks,
+)
 from nanoserve.course.experiments.replicas import replica_table
 
 __all__ = [
@@ -94,4 +102,6 @@ __all__ = [
     "two_phases", "weight_read_table",
     "GridPoint", "KVCapacity", "datasheet_capacity", "decode_grid", "grid_cells", "grid_table",
     "kv_capacity", "kv_crossover_tokens", "replica_table",
+    "HostSplit", "PoolRun", "PreemptionStudy", "graphs_on_off", "host_split", "host_table",
+    "preemption_study", "small_pool_blocks",
 ]

@@ -1,0 +1,61 @@
+"""course.experiments.host_time (lesson 11): a decode step split into host phases and the
+forward, on the tiny preset; the timers leave the engine as they found it."""
+
+import pytest
+
+from nanoserve.course import setup
+from nanoserve.course.experiments import host_time
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return setup.load_llm("preset:tiny")
+
+
+def test_host_split_phases_add_up_to_the_step(llm):
+    s = host_time.host_split(llm, batch=4, context=16, steps=3)
+    assert set(s.phases_ms) == set(host_time.PHASES)
+    assert sum(s.phases_ms.values()) == pytest.approx(s.step_ms)
+    assert s.phases_ms["forward"] > 0 and s.phases_ms["input preparation"] > 0
+    assert 0 < s.host_share < 1 and not s.graphs  # a CPU has no CUDA graphs
+    assert not setup.engine_of(llm).has_unfinished()
+    assert "prepare" not in vars(setup.engine_of(llm).executor)  # the timers are gone
+
+
+def test_graphs_on_off_refuses_a_cpu():
+    with pytest.raises(ValueError, match="CUDA only"):
+        host_time.graphs_on_off("preset:tiny", [1], 16, device="cpu")
+
+
+class ReplayingGraphs:
+    """Stands in for CudaGraphRunner on a CPU: 'replays' decode-only steps by running the model."""
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def can_run(self, seqs):
+        return all(s.is_decode for s in seqs)
+
+    def run(self, input_ids, positions, attn):
+        return self.runner.model(input_ids, positions, self.runner.kv_caches, attn)
+
+
+def test_host_split_counts_graph_replays_as_the_forward(llm):
+    runner = setup.engine_of(llm).executor
+    runner.graphs = ReplayingGraphs(runner)
+    try:
+        s = host_time.host_split(llm, batch=2, context=16, steps=3)
+    finally:
+        runner.graphs = None
+    assert s.graphs and s.phases_ms["forward"] > 0
+    assert sum(s.phases_ms.values()) == pytest.approx(s.step_ms)
+
+
+def test_lesson_11_runs_only_batches_the_default_graphs_capture():
+    """On CUDA every decode batch lesson 11 times replays a captured graph (none runs eagerly by
+    accident and passes for 'graphs on')."""
+    from nanoserve.config import EngineConfig
+    captured = max(EngineConfig().cuda_graph_batch_sizes)
+    for quick in (True, False):
+        s = setup.sizes("11", quick, "cuda")
+        assert max(*s["batches"], *s["graph_batches"]) <= captured
