@@ -10,11 +10,9 @@ get a block, the most recently admitted running request is preempted: its blocks
 freed and it goes back to the head of the queue, to be recomputed later (its output so
 far is kept).
 
-Policies (EngineConfig): "continuous" admits every step; "static" forms a batch, runs it
-until every member finishes, and only then admits again. Without chunked prefill a
-prompt is admitted whole; priority "decode" serves running decodes first (a prompt
-larger than the whole budget then gets a step of its own), "prefill" runs prefill-only
-steps while prompts can be admitted (vLLM v0's default).
+Policies (policy.py, selected from EngineConfig's fields) order those two moves: continuous
+batching (the default), whole-prompt admission without chunked prefill, prefill-first steps
+(vLLM v0's default) and static batching.
 
 With a KV connector (disaggregated prefill/decode, kv_connector.py) the scheduler asks it at
 admission how many prompt tokens beyond its own prefix-cache hits arrive by transfer, reserves
@@ -34,6 +32,7 @@ from dataclasses import dataclass, field
 
 from nanoserve.config import EngineConfig
 from nanoserve.engine.kv_cache import KVCacheManager
+from nanoserve.engine.policy import make_policy
 from nanoserve.engine.request import Request, RequestStatus
 
 
@@ -105,8 +104,9 @@ class Scheduler:
 
     State: `waiting` (a deque by arrival time; preempted requests go back to its head),
     `running` (a list in admission order), the KV cache manager `kv` and the counters `stats`.
-    The public helpers `next_waiting`, `admit`, `add` and `preempt` are the moves a policy is made
-    of; a subclass with its own `schedule` (exercise 4) uses them to keep the bookkeeping right.
+    `policy` (policy.py) makes each step out of `schedule_running` and `schedule_waiting`; those
+    are made of the public helpers `next_waiting`, `admit`, `add` and `preempt`, which a subclass
+    with its own `schedule` (exercise 4) uses to keep the bookkeeping right.
     `connector`: a KV connector's scheduler side, set by the engine (None: no transfers).
     """
 
@@ -118,7 +118,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = SchedulerStats()
-        self.batch_open = True  # static policy: may the current batch still take requests?
+        self.policy = make_policy(config)  # the order of the moves in a step (policy.py)
         # kv_transfer_params the connector returned for requests finished since the engine's step began
         self.finished_kv_transfer_params: dict[str, dict] = {}
 
@@ -157,33 +157,18 @@ class Scheduler:
 
     # -- one step -----------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
-        """One step's work at engine time `now`: serve running requests (decodes and unfinished
-        prefills, preempting the newest when blocks run out), then admit arrived waiting
-        requests while the token budget, the seat cap and free blocks allow. -> SchedulerOutput
-        (empty when nothing can run)."""
-        cfg, out = self.config, SchedulerOutput()
-        budget = cfg.max_num_batched_tokens
-        if cfg.scheduling_policy == "static" and not self.running:
-            self.batch_open = True
-        head = self.next_waiting(now)
-        alone = (head is not None and not cfg.enable_chunked_prefill
-                 and head.num_tokens - head.num_computed_tokens > budget)
-        prefill_first = cfg.priority == "prefill" and not cfg.enable_chunked_prefill
-        if not (alone or prefill_first):
-            budget = self._schedule_running(budget, out)
-        if not out.preempted:
-            budget = self._schedule_waiting(now, budget, out, alone)
-        if (alone or prefill_first) and not out.seqs:  # nothing admitted after all
-            self._schedule_running(budget, out)
-        if cfg.scheduling_policy == "static" and (
-                len(self.running) >= cfg.max_num_seqs or self.next_waiting(now) is None
-                or any(not r.is_prefilling for r in self.running)):
-            self.batch_open = False  # full, nobody else waiting, or already decoding
+        """One step's work at engine time `now`, in the order `self.policy` gives the two moves
+        below: serve running requests (decodes and unfinished prefills, preempting the newest when
+        blocks run out) and admit arrived waiting requests while the token budget, the seat cap and
+        free blocks allow. -> SchedulerOutput (empty when nothing can run)."""
+        out = SchedulerOutput()
+        self.policy.schedule(self, now, out)
         if self.connector is not None:
             out.kv_connector_metadata = self.connector.build_connector_meta(out)
         return out
 
-    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+    def schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+        """Serve running requests in admission order within `budget`. -> the budget left."""
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -203,10 +188,11 @@ class Scheduler:
             i += 1
         return budget
 
-    def _schedule_waiting(self, now: float, budget: int, out: SchedulerOutput, alone: bool) -> int:
+    def schedule_waiting(self, now: float, budget: int, out: SchedulerOutput,
+                         alone: bool = False) -> int:
+        """Admit arrived waiting requests in arrival order within `budget` (with `alone`: only the
+        head, even past the budget, in a step of its own). -> the budget left."""
         cfg = self.config
-        if cfg.scheduling_policy == "static" and not self.batch_open:
-            return budget
         cap = cfg.max_num_partial_prefills
         while budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.next_waiting(now)
