@@ -31,7 +31,7 @@ from typing import Callable
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.kv_cache import KVCacheManager
-from nanoserve.engine.kv_connector import KVConnectorRole, KVTransferConfig
+from nanoserve.engine.kv_connector import KVConnectorRole, KVTransferConfig, NullKVConnector
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.request import Request, check_prompt
 from nanoserve.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
@@ -102,13 +102,14 @@ class LLMEngine:
         self.num_kv_blocks = num_blocks
         self.kv_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = (scheduler_cls or Scheduler)(config, self.kv_manager)
-        self.kv_connector = None  # the scheduler side; the worker side is executor.kv_connector
+        # the scheduler side; the worker side is executor.kv_connector
+        self.kv_connector = NullKVConnector()
         if kv_transfer_config is not None:
             executor.init_kv_connector(kv_transfer_config)
             self.kv_connector = make_kv_connector(
                 kv_transfer_config, KVConnectorRole.SCHEDULER, executor.kv_connector.layout,
                 config.block_size, self.model_config.vocab_size)
-            self.scheduler.connector = self.kv_connector
+        self.scheduler.connector = self.kv_connector
         self.requests: dict[str, Request] = {}
         self.trace: list[StepRecord] = []
         self.num_steps = 0
@@ -186,10 +187,6 @@ class LLMEngine:
         if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
             raise InvalidRequest("kv_transfer_params", f"kv_transfer_params={kv_transfer_params!r} "
                                                        "must be a dict")
-        if self.kv_connector is None and kv_transfer_params and (
-                kv_transfer_params.get("do_remote_decode") or kv_transfer_params.get("do_remote_prefill")):
-            raise InvalidRequest("kv_transfer_params", "this engine has no KV connector: start it "
-                                                       "with a kv_transfer_config (--kv-transfer-config)")
         req = Request(request_id, prompt, params, arrival_time, self.max_model_len,
                       self.model_config.eos_token_ids, kv_transfer_params)
         self.scheduler.add_request(req)  # the connector may refuse it: then nothing is kept
@@ -219,8 +216,7 @@ class LLMEngine:
         failed (finish_reason "error"); empty when nothing could run: no request has arrived,
         or all are blocked."""
         start = self.clock()
-        if self.kv_connector is not None:
-            self.scheduler.finished_kv_transfer_params.clear()
+        self.scheduler.finished_kv_transfer_params.clear()
         out = self.scheduler.schedule(start)
         if out.is_empty:
             return []
@@ -304,9 +300,9 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Release what the KV connector holds (saved KV nobody fetched, hand-offs never loaded)."""
-        for connector in (self.kv_connector, self.executor.kv_connector):
-            if connector is not None:
-                connector.shutdown()
+        self.kv_connector.shutdown()
+        if self.executor.kv_connector is not None:  # the worker side, where the runner has one
+            self.executor.kv_connector.shutdown()
 
     def _text(self, req: Request) -> str | None:
         return self.tokenizer.decode(req.output_token_ids) if self.tokenizer else None

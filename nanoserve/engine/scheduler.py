@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from nanoserve.config import EngineConfig
 from nanoserve.engine.kv_cache import KVCacheManager
+from nanoserve.engine.kv_connector import NullKVConnector
 from nanoserve.engine.policy import make_policy
 from nanoserve.engine.request import Request, RequestStatus
 
@@ -107,12 +108,11 @@ class Scheduler:
     `policy` (policy.py) makes each step out of `schedule_running` and `schedule_waiting`; those
     are made of the public helpers `next_waiting`, `admit`, `add` and `preempt`, which a subclass
     with its own `schedule` (exercise 4) uses to keep the bookkeeping right.
-    `connector`: a KV connector's scheduler side, set by the engine (None: no transfers).
+    `connector`: a KV connector's scheduler side, set by the engine (a NullKVConnector: none).
     """
 
-    connector = None
-
     def __init__(self, config: EngineConfig, kv_manager: KVCacheManager):
+        self.connector = NullKVConnector()  # the engine sets its configured one
         self.config = config
         self.kv = kv_manager
         self.waiting: deque[Request] = deque()
@@ -124,8 +124,7 @@ class Scheduler:
 
     # -- queue management -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
-        if self.connector is not None:
-            self.connector.on_new_request(req)  # may refuse it (InvalidRequest), before it queues
+        self.connector.on_new_request(req)  # may refuse it (InvalidRequest), before it queues
         t = req.metrics.arrival_time
         if not self.waiting or self.waiting[-1].metrics.arrival_time <= t:
             self.waiting.append(req)  # the usual case: requests come in arrival order
@@ -163,8 +162,7 @@ class Scheduler:
         free blocks allow. -> SchedulerOutput (empty when nothing can run)."""
         out = SchedulerOutput()
         self.policy.schedule(self, now, out)
-        if self.connector is not None:
-            out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        out.kv_connector_metadata = self.connector.build_connector_meta(out)
         return out
 
     def schedule_running(self, budget: int, out: SchedulerOutput) -> int:
@@ -201,9 +199,8 @@ class Scheduler:
             if cap and sum(r.is_prefilling for r in self.running) >= cap:
                 break
             blocks, num_cached = self.kv.get_computed_blocks(req)
-            num_external = 0  # tokens past the local hits whose KV arrives by transfer
-            if self.connector is not None:
-                num_external, _ = self.connector.get_num_new_matched_tokens(req, num_cached)
+            # tokens past the local hits whose KV arrives by transfer
+            num_external, _ = self.connector.get_num_new_matched_tokens(req, num_cached)
             n = req.num_tokens - num_cached - num_external
             if cfg.enable_chunked_prefill:
                 n = min(n, budget)
@@ -211,9 +208,8 @@ class Scheduler:
                 break  # admitted whole or not at all
             if not self.kv.allocate_slots(req, num_external + n, blocks):
                 break
-            if self.connector is not None:
-                self.connector.update_state_after_alloc(req, self.kv.block_ids(req.request_id),
-                                                        num_external)
+            self.connector.update_state_after_alloc(req, self.kv.block_ids(req.request_id),
+                                                    num_external)
             self.admit(req, num_cached, n, out, now, num_external)
             budget -= n
             if alone:
@@ -294,10 +290,9 @@ class Scheduler:
 
     def _free(self, req: Request) -> None:
         """A finished request's blocks go back to the pool, offered to the connector first."""
-        if self.connector is not None:
-            params = self.connector.request_finished(req, self.kv.block_ids(req.request_id))
-            if params is not None:
-                self.finished_kv_transfer_params[req.request_id] = params
+        params = self.connector.request_finished(req, self.kv.block_ids(req.request_id))
+        if params is not None:
+            self.finished_kv_transfer_params[req.request_id] = params
         self.kv.free(req)
 
     def check_invariants(self) -> None:
