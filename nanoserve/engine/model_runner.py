@@ -17,7 +17,6 @@ import os
 import torch
 
 from nanoserve.config import EngineConfig, ModelConfig, default_device
-from nanoserve.engine.cpu_malloc import keep_freed_memory
 from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.kv_cache import allocate_kv_cache, kv_bytes_per_block, num_blocks_in
 from nanoserve.engine.kv_connector import KVConnectorRole
@@ -92,10 +91,8 @@ class ModelRunner(Executor):
                  num_blocks: int, seed: int = 0, tokenizer=None):
         self.model, self.model_config, self.ecfg = model, mcfg, ecfg
         self.tokenizer = tokenizer
-        if torch.device(device).type == "cpu":
-            keep_freed_memory()  # each step's activations reuse the last one's pages (cpu_malloc.py)
         if not ecfg.compile:  # inductor packs weights its own way
-            model.process_weights_after_loading()  # CPU: oneDNN-prepacked weights
+            model.process_weights_after_loading()  # the kernel backend's weight layout
         # optional torch.compile: fuses the elementwise ops around the matmuls
         self.forward = torch.compile(model, dynamic=True) if ecfg.compile else model
         self.device, self.dtype = torch.device(device), dtype

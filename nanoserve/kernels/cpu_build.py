@@ -4,7 +4,7 @@ The sources: paged decode attention (cpu_attention.cpp, and cpu_attention_bf16.c
 cache on a CPU with AVX512-BF16; called by cpu_attention.py), a decoder layer's small ops,
 RMSNorm, RoPE, the K/V cache write and the MLP's SiLU-and-mul (cpu_layer_ops.cpp, called by
 cpu_layer_ops.py), the GEMV of one- and two-row linears (cpu_gemv.cpp, called by cpu_gemm.py),
-and greedy sampling's argmax (cpu_argmax.cpp, called by engine/sampler.py); cpu_common.h has the
+and greedy sampling's argmax (cpu_argmax.cpp, called by cpu_argmax.py); cpu_common.h has the
 helpers they share.
 They are built on first use with the machine's C++ compiler against the installed torch's
 headers, into one library in a cache folder keyed by the sources, torch, compiler and CPU, so
