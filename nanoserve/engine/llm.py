@@ -101,6 +101,11 @@ class LLM:
         return self.tokenizer.decode(list(token_ids))
 
 
+def engine_of(x) -> LLMEngine:
+    """The LLMEngine of an LLM (its `engine`), or `x` itself: helpers that take either call this."""
+    return getattr(x, "engine", x)
+
+
 def _is_token_id(x) -> bool:
     """A number (Python, NumPy) or a 0-d tensor: what a single prompt's first element is."""
     return isinstance(x, numbers.Number) or getattr(x, "ndim", None) == 0

@@ -22,11 +22,11 @@ CUDA graphs captured earlier keep the old kernels).
 from __future__ import annotations
 
 import importlib.util
-import os
 from types import SimpleNamespace
 
 import torch
 
+from nanoserve import env
 from nanoserve.kernels import (
     cpu_argmax,
     cpu_attention,
@@ -46,7 +46,7 @@ __all__ = ["AttentionMetadata", "BACKENDS", "KERNEL_NAMES", "argmax", "get_ops",
 
 
 def kernel_backend(device) -> str:
-    choice = os.environ.get("NANOSERVE_KERNELS")
+    choice = env.get("NANOSERVE_KERNELS")
     if choice:
         if choice not in BACKENDS:
             raise ValueError(f"NANOSERVE_KERNELS={choice!r}; allowed: {BACKENDS}")

@@ -29,6 +29,8 @@ import warnings
 
 import torch
 
+from nanoserve import env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name) for name in
            ("cpu_attention.cpp", "cpu_attention_bf16.cpp", "cpu_layer_ops.cpp", "cpu_gemv.cpp",
@@ -38,8 +40,7 @@ _why_not: list[str] = []
 
 
 def cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "nanoserve", "kernels")
+    return env.cache_dir("kernels")
 
 
 def _cpu_id() -> str:
@@ -82,7 +83,7 @@ def available() -> bool:
         _why_not.append(f"built on Linux only (OpenMP with the system compiler), not {sys.platform}")
         return False
     import fcntl  # POSIX only: imported past the Linux check, so Windows can import this module
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    cxx = env.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not cxx:
         _why_not.append("no C++ compiler (c++, g++ or $CXX) on PATH")
         return False
