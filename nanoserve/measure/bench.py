@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from nanoserve.config import EngineConfig, ModelConfig
-from nanoserve.engine import LLM, LLMEngine, ModelRunner, StepRecord
+from nanoserve.engine import LLM, LLMEngine, ModelRunner, StepRecord, engine_of
 from nanoserve.measure import figures, roofline
 from nanoserve.measure.figures import device_label
 from nanoserve.measure.metrics import ServingMetrics, compute_metrics
@@ -173,7 +173,7 @@ def replay(engine_or_llm: LLMEngine | LLM, workload: Workload, realtime: bool = 
     (default: device_label(engine)). The engine must be idle and record its trace."""
     from tqdm.auto import tqdm
 
-    engine = getattr(engine_or_llm, "engine", engine_or_llm)
+    engine = engine_of(engine_or_llm)
     if engine.has_unfinished():
         raise ValueError("replay needs an idle engine: it still has unfinished requests")
     if warmup:
@@ -216,7 +216,7 @@ def scheduler_overhead(engine_or_llm: LLMEngine | LLM, batch_size: int = 32, inp
                        output_len: int = 32, seed: int = 0) -> OverheadReport:
     """Time schedule, prepare and update_from_output inside each step of batch_size requests
     decoding together. The engine's instances are wrapped for the run and restored after."""
-    engine = getattr(engine_or_llm, "engine", engine_or_llm)
+    engine = engine_of(engine_or_llm)
     if engine.config.max_num_seqs < batch_size:
         raise ValueError(f"batch_size={batch_size} exceeds max_num_seqs={engine.config.max_num_seqs}")
     if not isinstance(engine.executor, ModelRunner):
