@@ -205,6 +205,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def waiting_request_ids(self) -> list[str]:
+        """The requests queued for admission, in the order they will be admitted."""
+        return [r.request_id for r in self.scheduler.waiting]
+
     def next_arrival(self) -> float | None:
         """Arrival time of the first request still waiting (for idle waits in replays)."""
         return self.scheduler.next_arrival()

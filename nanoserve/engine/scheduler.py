@@ -106,8 +106,9 @@ class Scheduler:
     State: `waiting` (a deque by arrival time; preempted requests go back to its head),
     `running` (a list in admission order), the KV cache manager `kv` and the counters `stats`.
     `policy` (policy.py) makes each step out of `schedule_running` and `schedule_waiting`; those
-    are made of the public helpers `next_waiting`, `admit`, `add` and `preempt`, which a subclass
-    with its own `schedule` (exercise 4) uses to keep the bookkeeping right.
+    are made of the public helpers `next_waiting`, `admit`, `schedule_tokens` (alias `add`) and
+    `preempt`, which a subclass with its own `schedule` (exercise 4) uses to keep the bookkeeping
+    right.
     `connector`: a KV connector's scheduler side, set by the engine (a NullKVConnector: none).
     """
 
@@ -181,7 +182,7 @@ class Scheduler:
                 self.preempt(victim, out)
                 if victim is req:
                     return budget
-            self.add(req, n, out)
+            self.schedule_tokens(req, n, out)
             budget -= n
             i += 1
         return budget
@@ -240,15 +241,18 @@ class Scheduler:
             req.metrics.first_scheduled_time = now
         self.stats.cached_prompt_tokens += num_cached
         self.stats.transferred_prompt_tokens += num_external_tokens
-        self.add(req, num_new_tokens, out)
+        self.schedule_tokens(req, num_new_tokens, out)
 
-    def add(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> None:
-        """Schedule the next num_new_tokens tokens of running request `req` (slots reserved)."""
+    def schedule_tokens(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> None:
+        """Schedule the next num_new_tokens tokens of running request `req` (slots reserved).
+        Not to be confused with `add_request`, which queues a new request."""
         start, n = req.num_computed_tokens, num_new_tokens
         is_decode = bool(req.output_token_ids) and n == 1 and start == req.num_tokens - 1
         out.append(ScheduledSeq(req.request_id, req.token_slice(start, n), start,
                                 self.kv.block_ids(req.request_id), start + n == req.num_tokens,
                                 req.params, is_decode), req)
+
+    add = schedule_tokens  # the exercises' name for it (exercises 4 and 5 call self.add)
 
     def preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Take `req` out of running, free its blocks and put it at the head of the waiting queue;
