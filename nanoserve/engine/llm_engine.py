@@ -51,6 +51,17 @@ class EngineStats(SchedulerStats):
     steps: int = 0  # steps that ran something
 
 
+@dataclass
+class StepTimes:
+    """Wall-clock seconds of the last step's phases (measure/bench.scheduler_overhead reads them)."""
+
+    schedule: float  # scheduler.schedule
+    execute: float  # the executor's step (a ModelRunner's `prepare_time` is part of it)
+    update: float  # scheduler.update_from_output: append tokens, finish, free blocks
+    num_prefill_tokens: int
+    num_decode_tokens: int
+
+
 class LLMEngine:
     """The serving loop over a model (or, in the simulator, over a cost model).
 
@@ -113,6 +124,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.trace: list[StepRecord] = []
         self.num_steps = 0
+        self.last_step_times: StepTimes | None = None  # of the last step that ran something
         self._ids = count()
 
     # what the executor runs on: None in a simulation
@@ -221,13 +233,18 @@ class LLMEngine:
         or all are blocked."""
         start = self.clock()
         self.scheduler.finished_kv_transfer_params.clear()
+        t0 = time.perf_counter()
         out = self.scheduler.schedule(start)
         if out.is_empty:
             return []
+        t1 = time.perf_counter()
         ran, sampled, errors = self._execute(out)
         end = self.clock()
         self.num_steps += 1
+        t2 = time.perf_counter()
         progressed = self.scheduler.update_from_output(ran, sampled, end)
+        self.last_step_times = StepTimes(t1 - t0, t2 - t1, time.perf_counter() - t2,
+                                         out.num_prefill_tokens, out.num_decode_tokens)
         failed = [self._fail(rid, message, end) for rid, message in errors.items()]
         if self.config.record_trace and not ran.is_empty:
             self.trace.append(self._record(ran, start, end))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 
 import torch
 
@@ -198,7 +199,9 @@ class ModelRunner(Executor):
         # single-token queries first, as vLLM orders a batch: the attention kernels take them
         # as one block of rows (AttentionMetadata.num_decodes)
         seqs = sorted(seqs, key=lambda s: len(s.token_ids) > 1)
+        t = time.perf_counter()
         input_ids, positions, attn, logits_indices = self.prepare(seqs)
+        self.prepare_time = time.perf_counter() - t  # seconds, read by measure/bench.py
         if self.graphs is not None and self.graphs.can_run(seqs):
             hidden = self.graphs.run(input_ids, positions, attn)
         else:
