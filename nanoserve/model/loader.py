@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from nanoserve.config import ModelConfig
 from nanoserve.kernels.cpu_gemm import PackedLinear
 from nanoserve.model.llama import LlamaForCausalLM
-from nanoserve.model.presets import preset_config
+from nanoserve.presets import preset_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEMO_MODEL_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "demo-model")
