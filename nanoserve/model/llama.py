@@ -137,12 +137,14 @@ class LlamaForCausalLM(nn.Module):
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head
 
     lm_head_linear = None  # a kernel backend's x -> x @ lm_head.T, set by process_weights_after_loading
+    weights_frozen = False  # set by process_weights_after_loading: load_weights refuses the model
 
     def process_weights_after_loading(self) -> None:
         """Called once by the model runner after loading (vLLM's hook): the kernel backend may
         repack the weights for its matmuls (kernels.process_weights_after_loading); from then on
         load_weights refuses the model."""
         process_weights_after_loading(self)
+        self.weights_frozen = True
 
     def forward(self, input_ids, positions, kv_caches, attn: AttentionMetadata):
         """input_ids, positions: (T,); kv_caches: per layer (k_cache, v_cache). -> (T, hidden)."""

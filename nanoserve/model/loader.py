@@ -18,7 +18,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from nanoserve.config import ModelConfig
-from nanoserve.kernels.cpu_gemm import PackedLinear
 from nanoserve.model.llama import LlamaForCausalLM
 from nanoserve.presets import preset_config
 
@@ -79,9 +78,9 @@ def _hf_to_ours(name: str):
 
 
 def load_weights(model: LlamaForCausalLM, folder: str) -> None:
-    if any(isinstance(m, PackedLinear) for m in model.modules()):
+    if model.weights_frozen:
         raise ValueError("load_weights needs the model before process_weights_after_loading: "
-                         "its linear weights are packed (frozen) now")
+                         "its weights are in the kernel backend's layout (frozen) now")
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {folder!r}")
