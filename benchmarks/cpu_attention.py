@@ -1,4 +1,4 @@
-"""Decode attention on this CPU: the torch reference (gather, then SDPA) vs the C++ op.
+"""Decode attention on this CPU: the torch path (gather in cache-sized groups, then SDPA) vs the C++ op.
 
     python benchmarks/cpu_attention.py            # llama-120m's heads, fp32 and bf16
     python benchmarks/cpu_attention.py --reps 50
@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peers import cpu_facts  # noqa: E402
 
-from nanoserve.kernels import cpu_attention, reference  # noqa: E402
+from nanoserve.kernels import cpu_attention  # noqa: E402
 
 SHAPES = [(64, 320), (1, 128), (1, 2048), (16, 2048)]  # (sequences, context tokens)
 
@@ -96,7 +96,7 @@ def main() -> None:
     for dtype_name in args.dtypes.split(","):
         for D, L in SHAPES:
             a = inputs(D, L, *heads, 16, getattr(torch, dtype_name))
-            fns = {"reference": lambda: reference._decode_attention(*a),
+            fns = {"reference": lambda: cpu_attention.grouped_decode_attention(*a),
                    "op": lambda: cpu_attention.decode_attention(*a)}
             times = {name: [] for name in fns}
             for name, fn in fns.items():  # warm-up

@@ -9,9 +9,9 @@ field's name) naming the bad value and the allowed range.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, fields
 
+from nanoserve.env import get
 from nanoserve.errors import InvalidRequest, as_int, as_real
 
 SUPPORTED_ARCHITECTURES = {
@@ -299,7 +299,7 @@ class EngineConfig:
 
 def default_device() -> str:
     """'cuda' when a GPU is visible (and not hidden by NANOSERVE_DEVICE), else 'cpu'."""
-    env = os.environ.get("NANOSERVE_DEVICE")
+    env = get("NANOSERVE_DEVICE")
     if env:
         return env
     import torch

@@ -35,7 +35,7 @@ def references(folder: Path = DATA) -> list[dict]:
 
 
 def label(ref: dict, mode: str) -> str:
-    """'2-core AMD EPYC, AVX2, 2026-11-30, quick sizes'."""
+    """'<machine>, <date>, <mode> sizes', from the reference file's fields."""
     return f"{ref['machine']}, {ref['date']}, {mode} sizes"
 
 

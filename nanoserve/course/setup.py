@@ -17,9 +17,10 @@ from importlib import metadata
 import numpy as np
 import torch
 
+from nanoserve import env
 from nanoserve.config import EngineConfig, default_device
 from nanoserve.course.table import Table
-from nanoserve.engine import LLM, LLMEngine
+from nanoserve.engine import LLM, LLMEngine, engine_of
 from nanoserve.measure.ceilings import device_name, dtype_name
 from nanoserve.measure.workload import random_tokens
 from nanoserve.model import DEMO_MODEL_DIR
@@ -28,7 +29,7 @@ from nanoserve.sampling_params import SamplingParams
 
 def quick_mode() -> bool:
     """NANOSERVE_QUICK=1 (CI): small models, sweeps and workloads."""
-    return os.environ.get("NANOSERVE_QUICK", "0").strip().lower() not in ("", "0", "false", "no")
+    return env.flag("NANOSERVE_QUICK")
 
 
 def device_kind(device: str | None = None) -> str:
@@ -202,11 +203,6 @@ def progress_bar(total: int, desc: str, show: bool):
     """A tqdm progress bar (the notebook widget in a notebook), or none when show is False."""
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, disable=not show, leave=False)
-
-
-def engine_of(x) -> LLMEngine:
-    """The LLMEngine of an LLM, or the engine itself."""
-    return getattr(x, "engine", x)
 
 
 def fresh_engine(engine_or_llm, scheduler_cls=None, kv_manager_cls=None, **overrides) -> LLMEngine:

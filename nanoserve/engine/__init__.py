@@ -10,11 +10,12 @@
 
 from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.kv_cache import KVCacheManager
-from nanoserve.engine.llm import LLM
+from nanoserve.engine.llm import LLM, engine_of
 from nanoserve.engine.llm_engine import EngineStats, LLMEngine
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.scheduler import Scheduler, SchedulerBase, SchedulerOutput
 from nanoserve.engine.trace import StepRecord, TraceEntry
 
 __all__ = ["EngineStats", "Executor", "KVCacheManager", "LLM", "LLMEngine", "ModelRunner",
-           "RequestFailed", "Scheduler", "SchedulerBase", "SchedulerOutput", "StepRecord", "TraceEntry"]
+           "RequestFailed", "Scheduler", "SchedulerBase", "SchedulerOutput", "StepRecord", "TraceEntry",
+           "engine_of"]

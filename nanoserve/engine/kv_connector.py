@@ -194,6 +194,36 @@ class KVConnectorBase(abc.ABC):
         """Release everything this connector still holds (idempotent)."""
 
 
+class NullKVConnector:
+    """The scheduler side of an engine without a KV connector: nothing arrives, nothing is saved.
+
+    It refuses requests whose kv_transfer_params ask for a hand-off, since no peer would serve it.
+    """
+
+    config = None
+
+    def on_new_request(self, request) -> None:
+        params = request.kv_transfer_params or {}
+        if params.get("do_remote_decode") or params.get("do_remote_prefill"):
+            raise InvalidRequest("kv_transfer_params", "this engine has no KV connector: start it "
+                                                       "with a kv_transfer_config (--kv-transfer-config)")
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        return 0, False
+
+    def update_state_after_alloc(self, request, block_ids: list[int], num_external_tokens: int) -> None:
+        pass
+
+    def build_connector_meta(self, scheduler_output) -> None:
+        return None  # the runner has no worker side to bind it to
+
+    def request_finished(self, request, block_ids: list[int]) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        pass
+
+
 def release_kv_transfer(kv_transfer_params) -> bool:
     """Drop what a hand-off left behind when its request will not reach a decode instance (the
     router after a failure, a server that ended the request at a stop string). -> whether

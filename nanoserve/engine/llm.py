@@ -70,7 +70,7 @@ class LLM:
         """A step that scheduled nothing while arrived requests wait can only repeat forever."""
         nxt = self.engine.next_arrival()
         if nxt is None or nxt <= self.engine.clock():
-            stuck = [r.request_id for r in self.engine.scheduler.waiting]
+            stuck = self.engine.waiting_request_ids()
             raise RuntimeError(f"the scheduler scheduled nothing while requests {stuck[:5]} wait "
                                "(is a prompt larger than max_num_batched_tokens without chunking?)")
 
@@ -99,6 +99,11 @@ class LLM:
         if self.tokenizer is None:
             return " ".join(map(str, token_ids))
         return self.tokenizer.decode(list(token_ids))
+
+
+def engine_of(x) -> LLMEngine:
+    """The LLMEngine of an LLM (its `engine`), or `x` itself: helpers that take either call this."""
+    return getattr(x, "engine", x)
 
 
 def _is_token_id(x) -> bool:

@@ -31,7 +31,7 @@ from typing import Callable
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.kv_cache import KVCacheManager
-from nanoserve.engine.kv_connector import KVConnectorRole, KVTransferConfig
+from nanoserve.engine.kv_connector import KVConnectorRole, KVTransferConfig, NullKVConnector
 from nanoserve.engine.model_runner import ModelRunner
 from nanoserve.engine.request import Request, check_prompt
 from nanoserve.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
@@ -50,6 +50,17 @@ class EngineStats(SchedulerStats):
     """The scheduler's counters and the engine's step count, as of the moment it was read."""
 
     steps: int = 0  # steps that ran something
+
+
+@dataclass
+class StepTimes:
+    """Wall-clock seconds of the last step's phases (measure/bench.scheduler_overhead reads them)."""
+
+    schedule: float  # scheduler.schedule
+    execute: float  # the executor's step (a ModelRunner's `prepare_time` is part of it)
+    update: float  # scheduler.update_from_output: append tokens, finish, free blocks
+    num_prefill_tokens: int
+    num_decode_tokens: int
 
 
 class LLMEngine:
@@ -108,18 +119,20 @@ class LLMEngine:
         self.kv_manager = (kv_manager_cls or KVCacheManager)(num_blocks, config.block_size,
                                                              config.enable_prefix_caching)
         self.scheduler = (scheduler_cls or Scheduler)(config, self.kv_manager)
-        self.kv_connector = None  # the scheduler side; the worker side is executor.kv_connector
+        # the scheduler side; the worker side is executor.kv_connector
+        self.kv_connector = NullKVConnector()
         if kv_transfer_config is not None:
             executor.init_kv_connector(kv_transfer_config)
             self.kv_connector = make_kv_connector(
                 kv_transfer_config, KVConnectorRole.SCHEDULER, executor.kv_connector.layout,
                 config.block_size, self.model_config.vocab_size)
-            self.scheduler.connector = self.kv_connector
+        self.scheduler.connector = self.kv_connector
         # drafts tokens between steps (speculative decoding; the NullProposer drafts none)
         self.proposer = make_proposer(config, executor, num_blocks)
         self.requests: dict[str, Request] = {}
         self.trace: list[StepRecord] = []
         self.num_steps = 0
+        self.last_step_times: StepTimes | None = None  # of the last step that ran something
         self._ids = count()
 
     # what the executor runs on: None in a simulation
@@ -194,10 +207,6 @@ class LLMEngine:
         if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
             raise InvalidRequest("kv_transfer_params", f"kv_transfer_params={kv_transfer_params!r} "
                                                        "must be a dict")
-        if self.kv_connector is None and kv_transfer_params and (
-                kv_transfer_params.get("do_remote_decode") or kv_transfer_params.get("do_remote_prefill")):
-            raise InvalidRequest("kv_transfer_params", "this engine has no KV connector: start it "
-                                                       "with a kv_transfer_config (--kv-transfer-config)")
         req = Request(request_id, prompt, params, arrival_time, self.max_model_len,
                       self.model_config.eos_token_ids, kv_transfer_params)
         self.scheduler.add_request(req)  # the connector may refuse it: then nothing is kept
@@ -216,6 +225,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def waiting_request_ids(self) -> list[str]:
+        """The requests queued for admission, in the order they will be admitted."""
+        return [r.request_id for r in self.scheduler.waiting]
+
     def next_arrival(self) -> float | None:
         """Arrival time of the first request still waiting (for idle waits in replays)."""
         return self.scheduler.next_arrival()
@@ -227,15 +240,19 @@ class LLMEngine:
         failed (finish_reason "error"); empty when nothing could run: no request has arrived,
         or all are blocked."""
         start = self.clock()
-        if self.kv_connector is not None:
-            self.scheduler.finished_kv_transfer_params.clear()
+        self.scheduler.finished_kv_transfer_params.clear()
+        t0 = time.perf_counter()
         out = self.scheduler.schedule(start)
         if out.is_empty:
             return []
+        t1 = time.perf_counter()
         ran, sampled, errors = self._execute(out)
         end = self.clock()
         self.num_steps += 1
+        t2 = time.perf_counter()
         progressed = self.scheduler.update_from_output(ran, sampled, end)
+        self.last_step_times = StepTimes(t1 - t0, t2 - t1, time.perf_counter() - t2,
+                                         out.num_prefill_tokens, out.num_decode_tokens)
         failed = [self._fail(rid, message, end) for rid, message in errors.items()]
         self.proposer.propose(self.scheduler.running, progressed)
         if self.config.record_trace and not ran.is_empty:
@@ -315,9 +332,9 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Release what the KV connector holds (saved KV nobody fetched, hand-offs never loaded)."""
-        for connector in (self.kv_connector, self.executor.kv_connector):
-            if connector is not None:
-                connector.shutdown()
+        self.kv_connector.shutdown()
+        if self.executor.kv_connector is not None:  # the worker side, where the runner has one
+            self.executor.kv_connector.shutdown()
 
     def _text(self, req: Request) -> str | None:
         return self.tokenizer.decode(req.output_token_ids) if self.tokenizer else None

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 
 import torch
 
 from nanoserve.config import EngineConfig, ModelConfig, default_device
-from nanoserve.engine.cpu_malloc import keep_freed_memory
 from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.input_buffers import InputBuffers
 from nanoserve.engine.kv_cache import allocate_kv_cache, kv_bytes_per_block, num_blocks_in
@@ -119,10 +119,8 @@ class ModelRunner(Executor):
                  num_blocks: int, seed: int = 0, tokenizer=None):
         self.model, self.model_config, self.ecfg = model, mcfg, ecfg
         self.tokenizer = tokenizer
-        if torch.device(device).type == "cpu":
-            keep_freed_memory()  # each step's activations reuse the last one's pages (cpu_malloc.py)
         if not ecfg.compile:  # inductor packs weights its own way
-            model.process_weights_after_loading()  # CPU: oneDNN-prepacked weights
+            model.process_weights_after_loading()  # the kernel backend's weight layout
         # optional torch.compile: fuses the elementwise ops around the matmuls
         self.forward = torch.compile(model, dynamic=True) if ecfg.compile else model
         self.device, self.dtype = torch.device(device), dtype
@@ -213,7 +211,9 @@ class ModelRunner(Executor):
         # single-token queries first, as vLLM orders a batch: the attention kernels take them
         # as one block of rows (AttentionMetadata.num_decodes)
         seqs = sorted(seqs, key=lambda s: len(s.token_ids) > 1)
+        t = time.perf_counter()
         input_ids, positions, attn, logits_indices = self.prepare(seqs)
+        self.prepare_time = time.perf_counter() - t  # seconds, read by measure/bench.py
         if self.graphs is not None and self.graphs.can_run(seqs):
             hidden = self.graphs.run(input_ids, positions, attn)
         else:

@@ -10,11 +10,9 @@ get a block, the most recently admitted running request is preempted: its blocks
 freed and it goes back to the head of the queue, to be recomputed later (its output so
 far is kept).
 
-Policies (EngineConfig): "continuous" admits every step; "static" forms a batch, runs it
-until every member finishes, and only then admits again. Without chunked prefill a
-prompt is admitted whole; priority "decode" serves running decodes first (a prompt
-larger than the whole budget then gets a step of its own), "prefill" runs prefill-only
-steps while prompts can be admitted (vLLM v0's default).
+Policies (policy.py, selected from EngineConfig's fields) order those two moves: continuous
+batching (the default), whole-prompt admission without chunked prefill, prefill-first steps
+(vLLM v0's default) and static batching.
 
 With a KV connector (disaggregated prefill/decode, kv_connector.py) the scheduler asks it at
 admission how many prompt tokens beyond its own prefix-cache hits arrive by transfer, reserves
@@ -34,6 +32,8 @@ from dataclasses import dataclass, field
 
 from nanoserve.config import EngineConfig
 from nanoserve.engine.kv_cache import KVCacheManager
+from nanoserve.engine.kv_connector import NullKVConnector
+from nanoserve.engine.policy import make_policy
 from nanoserve.engine.request import Request, RequestStatus
 
 
@@ -123,14 +123,13 @@ class SchedulerBase:
 
     State: `waiting` (a deque by arrival time; preempted requests go back to its head),
     `running` (a list in admission order), the KV cache manager `kv` and the counters `stats`.
-    The public helpers `next_waiting`, `admit`, `add` and `preempt` are the moves; each keeps the
-    bookkeeping right. `connector`: a KV connector's scheduler side, set by the engine (None: no
-    transfers).
+    The public helpers `next_waiting`, `admit`, `schedule_tokens` (alias `add`) and `preempt` are
+    the moves; each keeps the bookkeeping right. `connector`: a KV connector's scheduler side, set
+    by the engine (a NullKVConnector: none).
     """
 
-    connector = None
-
     def __init__(self, config: EngineConfig, kv_manager: KVCacheManager):
+        self.connector = NullKVConnector()  # the engine sets its configured one
         self.config = config
         self.kv = kv_manager
         self.waiting: deque[Request] = deque()
@@ -142,8 +141,7 @@ class SchedulerBase:
 
     # -- queue management -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
-        if self.connector is not None:
-            self.connector.on_new_request(req)  # may refuse it (InvalidRequest), before it queues
+        self.connector.on_new_request(req)  # may refuse it (InvalidRequest), before it queues
         t = req.metrics.arrival_time
         if not self.waiting or self.waiting[-1].metrics.arrival_time <= t:
             self.waiting.append(req)  # the usual case: requests come in arrival order
@@ -201,11 +199,12 @@ class SchedulerBase:
             req.metrics.first_scheduled_time = now
         self.stats.cached_prompt_tokens += num_cached
         self.stats.transferred_prompt_tokens += num_external_tokens
-        self.add(req, num_new_tokens, out)
+        self.schedule_tokens(req, num_new_tokens, out)
 
-    def add(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> None:
+    def schedule_tokens(self, req: Request, num_new_tokens: int, out: SchedulerOutput) -> None:
         """Schedule the next num_new_tokens tokens of running request `req` (slots reserved); past
-        its known tokens they are its drafts (req.spec_token_ids), checked in the same pass."""
+        its known tokens they are its drafts (req.spec_token_ids), checked in the same pass. Not to
+        be confused with `add_request`, which queues a new request."""
         start = req.num_computed_tokens
         n = min(num_new_tokens, req.num_tokens - start)  # known tokens; the rest are drafts
         spec = req.spec_token_ids[:num_new_tokens - n]
@@ -213,6 +212,8 @@ class SchedulerBase:
         out.append(ScheduledSeq(req.request_id, req.token_slice(start, n) + spec, start,
                                 self.kv.block_ids(req.request_id), start + n == req.num_tokens,
                                 req.params, is_decode, spec), req)
+
+    add = schedule_tokens  # the exercises' name for it (exercises 4 and 5 call self.add)
 
     def preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Take `req` out of running, free its blocks and put it at the head of the waiting queue;
@@ -274,10 +275,9 @@ class SchedulerBase:
 
     def _free(self, req: Request) -> None:
         """A finished request's blocks go back to the pool, offered to the connector first."""
-        if self.connector is not None:
-            params = self.connector.request_finished(req, self.kv.block_ids(req.request_id))
-            if params is not None:
-                self.finished_kv_transfer_params[req.request_id] = params
+        params = self.connector.request_finished(req, self.kv.block_ids(req.request_id))
+        if params is not None:
+            self.finished_kv_transfer_params[req.request_id] = params
         self.kv.free(req)
 
     def check_invariants(self) -> None:
@@ -299,41 +299,29 @@ class SchedulerBase:
 
 
 class Scheduler(SchedulerBase):
-    """Decides, every step, which tokens of which requests run (see the module docstring)."""
+    """Decides, every step, which tokens of which requests run (see the module docstring).
+
+    `policy` (policy.py) makes each step out of `schedule_running` and `schedule_waiting`; those
+    are made of the moves of SchedulerBase.
+    """
 
     def __init__(self, config: EngineConfig, kv_manager: KVCacheManager):
         super().__init__(config, kv_manager)
-        self.batch_open = True  # static policy: may the current batch still take requests?
+        self.policy = make_policy(config)  # the order of the moves in a step (policy.py)
 
     # -- one step -----------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
-        """One step's work at engine time `now`: serve running requests (decodes and unfinished
-        prefills, preempting the newest when blocks run out), then admit arrived waiting
-        requests while the token budget, the seat cap and free blocks allow. -> SchedulerOutput
-        (empty when nothing can run)."""
-        cfg, out = self.config, SchedulerOutput()
-        budget = cfg.max_num_batched_tokens
-        if cfg.scheduling_policy == "static" and not self.running:
-            self.batch_open = True
-        head = self.next_waiting(now)
-        alone = (head is not None and not cfg.enable_chunked_prefill
-                 and head.num_tokens - head.num_computed_tokens > budget)
-        prefill_first = cfg.priority == "prefill" and not cfg.enable_chunked_prefill
-        if not (alone or prefill_first):
-            budget = self._schedule_running(budget, out)
-        if not out.preempted:
-            budget = self._schedule_waiting(now, budget, out, alone)
-        if (alone or prefill_first) and not out.seqs:  # nothing admitted after all
-            self._schedule_running(budget, out)
-        if cfg.scheduling_policy == "static" and (
-                len(self.running) >= cfg.max_num_seqs or self.next_waiting(now) is None
-                or any(not r.is_prefilling for r in self.running)):
-            self.batch_open = False  # full, nobody else waiting, or already decoding
-        if self.connector is not None:
-            out.kv_connector_metadata = self.connector.build_connector_meta(out)
+        """One step's work at engine time `now`, in the order `self.policy` gives the two moves
+        below: serve running requests (decodes and unfinished prefills, preempting the newest when
+        blocks run out) and admit arrived waiting requests while the token budget, the seat cap and
+        free blocks allow. -> SchedulerOutput (empty when nothing can run)."""
+        out = SchedulerOutput()
+        self.policy.schedule(self, now, out)
+        out.kv_connector_metadata = self.connector.build_connector_meta(out)
         return out
 
-    def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+    def schedule_running(self, budget: int, out: SchedulerOutput) -> int:
+        """Serve running requests in admission order within `budget`. -> the budget left."""
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -355,15 +343,16 @@ class Scheduler(SchedulerBase):
                 self.preempt(victim, out)
                 if victim is req:
                     return budget
-            self.add(req, n, out)
+            self.schedule_tokens(req, n, out)
             budget -= n
             i += 1
         return budget
 
-    def _schedule_waiting(self, now: float, budget: int, out: SchedulerOutput, alone: bool) -> int:
+    def schedule_waiting(self, now: float, budget: int, out: SchedulerOutput,
+                         alone: bool = False) -> int:
+        """Admit arrived waiting requests in arrival order within `budget` (with `alone`: only the
+        head, even past the budget, in a step of its own). -> the budget left."""
         cfg = self.config
-        if cfg.scheduling_policy == "static" and not self.batch_open:
-            return budget
         cap = cfg.max_num_partial_prefills
         while budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.next_waiting(now)
@@ -372,9 +361,8 @@ class Scheduler(SchedulerBase):
             if cap and sum(r.is_prefilling for r in self.running) >= cap:
                 break
             blocks, num_cached = self.kv.get_computed_blocks(req)
-            num_external = 0  # tokens past the local hits whose KV arrives by transfer
-            if self.connector is not None:
-                num_external, _ = self.connector.get_num_new_matched_tokens(req, num_cached)
+            # tokens past the local hits whose KV arrives by transfer
+            num_external, _ = self.connector.get_num_new_matched_tokens(req, num_cached)
             n = req.num_tokens - num_cached - num_external
             if cfg.enable_chunked_prefill:
                 n = min(n, budget)
@@ -382,9 +370,8 @@ class Scheduler(SchedulerBase):
                 break  # admitted whole or not at all
             if not self.kv.allocate_slots(req, num_external + n, blocks):
                 break
-            if self.connector is not None:
-                self.connector.update_state_after_alloc(req, self.kv.block_ids(req.request_id),
-                                                        num_external)
+            self.connector.update_state_after_alloc(req, self.kv.block_ids(req.request_id),
+                                                    num_external)
             self.admit(req, num_cached, n, out, now, num_external)
             budget -= n
             if alone:

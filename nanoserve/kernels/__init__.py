@@ -1,12 +1,17 @@
-"""The kernels: one dispatch point between the torch reference and Triton, and the plug points.
+"""The kernels: the one interface between the model and engine and every fast path.
 
 `get_ops(device)` returns a namespace of the five kernels a decoder layer calls, rms_norm,
 rotary_embedding, reshape_and_cache, paged_attention and silu_and_mul (the MLP's activation),
 with identical signatures: Triton on CUDA when triton is installed (it is Linux-only); on a CPU
 the five in C++ (cpu_attention.py, cpu_layer_ops.py: each the reference's arithmetic in one
-call) where those ops build (cpu_build.py); the torch reference elsewhere.
-`NANOSERVE_KERNELS=reference|cpu|triton` overrides (triton on a CPU needs TRITON_INTERPRET=1 set
-before the first import, and is very slow).
+call) where those ops build (cpu_build.py); the torch reference (reference.py, the
+specification) elsewhere. `NANOSERVE_KERNELS=reference|cpu|triton` overrides (triton on a CPU
+needs TRITON_INTERPRET=1 set before the first import, and is very slow).
+
+Beside the layer's kernels, the same dispatch serves the engine: `argmax` (greedy sampling; C++
+on the CPU backend, cpu_argmax.py) and `process_weights_after_loading(model)` (a CPU repacks the
+linear weights for oneDNN, cpu_gemm.py). A CPU backend's process-wide setup, the allocator
+thresholds of cpu_malloc.py, is applied when get_ops first serves a CPU.
 
 Plug points (the engine never imports course material; a student's kernel is passed in):
 `kernel_ops(base, paged_attention=mine)` builds a namespace with some kernels replaced, and
@@ -17,23 +22,31 @@ CUDA graphs captured earlier keep the old kernels).
 from __future__ import annotations
 
 import importlib.util
-import os
 from types import SimpleNamespace
 
 import torch
 
-from nanoserve.kernels import cpu_attention, cpu_build, cpu_layer_ops, reference
+from nanoserve import env
+from nanoserve.kernels import (
+    cpu_argmax,
+    cpu_attention,
+    cpu_build,
+    cpu_gemm,
+    cpu_layer_ops,
+    cpu_malloc,
+    reference,
+)
 from nanoserve.kernels.metadata import AttentionMetadata
 
 BACKENDS = ("reference", "cpu", "triton")
 KERNEL_NAMES = ("rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention", "silu_and_mul")
 
-__all__ = ["AttentionMetadata", "BACKENDS", "KERNEL_NAMES", "get_ops", "kernel_backend",
-           "kernel_ops", "use_kernels"]
+__all__ = ["AttentionMetadata", "BACKENDS", "KERNEL_NAMES", "argmax", "get_ops", "kernel_backend",
+           "kernel_ops", "process_weights_after_loading", "use_kernels"]
 
 
 def kernel_backend(device) -> str:
-    choice = os.environ.get("NANOSERVE_KERNELS")
+    choice = env.get("NANOSERVE_KERNELS")
     if choice:
         if choice not in BACKENDS:
             raise ValueError(f"NANOSERVE_KERNELS={choice!r}; allowed: {BACKENDS}")
@@ -46,6 +59,8 @@ def kernel_backend(device) -> str:
 
 def get_ops(device):
     backend = kernel_backend(device)
+    if torch.device(device).type == "cpu":
+        cpu_malloc.keep_freed_memory()  # once per process: each step reuses the last one's pages
     if backend == "triton":
         from nanoserve.kernels import triton_ops  # imported lazily: needs a GPU or the interpreter
         return triton_ops
@@ -57,6 +72,20 @@ def get_ops(device):
                           reshape_and_cache=cpu_layer_ops.reshape_and_cache,
                           silu_and_mul=cpu_layer_ops.silu_and_mul)
     return reference
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy sampling's argmax, reference.argmax's contract: (N, vocab) -> (N,) int64."""
+    if logits.device.type == "cpu" and kernel_backend(logits.device) == "cpu":
+        return cpu_argmax.argmax(logits)
+    return reference.argmax(logits)
+
+
+def process_weights_after_loading(model) -> None:
+    """Prepare a loaded model's weights for this device's fast paths, once (vLLM's hook name):
+    on a CPU that oneDNN supports, prepacked linears (cpu_gemm.pack_model); elsewhere nothing."""
+    if next(model.parameters()).device.type == "cpu":
+        cpu_gemm.pack_model(model)
 
 
 def kernel_ops(base=None, **overrides) -> SimpleNamespace:

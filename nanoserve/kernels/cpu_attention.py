@@ -1,34 +1,64 @@
 """Paged decode attention in C++ for CPUs: read K/V where they sit in the paged cache.
 
-The torch reference gathers each decode sequence's K/V blocks into a contiguous copy, then runs
-SDPA on it: every K/V byte crosses memory three times (read, write, read again). The kernel in
-cpu_attention.cpp reads each byte once. On a 2-core AMD EPYC (AVX2), llama-120m's attention of
-64 sequences x 320 tokens took about half the reference's time per layer in fp32 and about 40%
-in bf16; on one with AVX-512, where a bf16 cache goes to AVX512-BF16 dot products
-(cpu_attention_bf16.cpp) and the prefetches are spread over the arithmetic, 27% in fp32 and 18% in
-bf16, and at 16 x 2048, 30% and 22% (benchmarks/cpu_attention.py prints the side-by-side figures
-for the machine it runs on).
+The reference gathers each sequence's K/V blocks into a contiguous copy, then runs SDPA on it:
+every K/V byte crosses memory three times (read, write, read again). The kernel in
+cpu_attention.cpp reads each byte once (a bf16 cache on a CPU with AVX512-BF16 goes to
+cpu_attention_bf16.cpp); benchmarks/cpu_attention.py measures it against the torch path below.
 
-`paged_attention` has the reference's contract; decode rows go to the C++ op, prefill rows
-(SDPA's flash kernel reads them once already) to the reference. cpu_build.py builds the op
-(`available()` and `unavailable_reason()` are its).
+`paged_attention` has the reference's contract: the leading decode rows go to the C++ op in one
+call, prefill rows (SDPA's flash kernel reads them once already) to reference.sequence_attention.
+Decodes the op cannot take go to `grouped_decode_attention`, torch in cache-sized groups.
+cpu_build.py builds the op (`available()` and `unavailable_reason()` are its).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from nanoserve.kernels import reference
 from nanoserve.kernels.cpu_build import available, unavailable_reason  # noqa: F401  (this module's API)
 from nanoserve.kernels.metadata import AttentionMetadata
 
+# K+V gathered per group of decodes: small enough to stay in a CPU's cache between the gather and
+# SDPA's read (measured by benchmarks/cpu_attention.py; figures in benchmarks/results/NOTES.md)
+DECODE_GATHER_BYTES = 4 * 2**20
+
+
+def grouped_decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale) -> None:
+    """Single-token queries qd (D, kvh, g, hd) -> od (written in place), in groups of sequences.
+
+    tables: (D, max_blocks) block tables; d_lens: (D,) context lengths (a tensor), d_lens_cpu the
+    same as a list. Each group's blocks are gathered into one reused buffer of about
+    DECODE_GATHER_BYTES, viewed as (n, kvh, L, hd) without a copy, and attended by one SDPA call
+    with the padding past each context masked: the whole batch at once would write and reread
+    every K/V byte through DRAM.
+    """
+    D, block_size = len(d_lens_cpu), k_cache.shape[1]
+    most_blocks = -(-max(d_lens_cpu) // block_size)
+    block_bytes = k_cache.element_size() * k_cache.stride(0)  # one block of K
+    per_group = max(1, DECODE_GATHER_BYTES // (2 * most_blocks * block_bytes))
+    buf_k = k_cache.new_empty(min(D, per_group) * most_blocks, *k_cache.shape[1:])
+    buf_v = torch.empty_like(buf_k)
+    for s in range(0, D, per_group):
+        e = min(D, s + per_group)
+        nb = -(-max(d_lens_cpu[s:e]) // block_size)
+        ids = tables[s:e, :nb].flatten()
+        k = torch.index_select(k_cache, 0, ids, out=buf_k[:len(ids)])  # (n*nb, bs, kvh, hd)
+        v = torch.index_select(v_cache, 0, ids, out=buf_v[:len(ids)])
+        k = k.view(e - s, nb * block_size, *k.shape[2:]).transpose(1, 2).to(qd.dtype)
+        v = v.view(e - s, nb * block_size, *v.shape[2:]).transpose(1, 2).to(qd.dtype)
+        keep = torch.arange(nb * block_size, device=qd.device) < d_lens[s:e, None]  # (n, L)
+        od[s:e] = F.scaled_dot_product_attention(qd[s:e], k, v, attn_mask=keep[:, None, None, :],
+                                                 scale=scale)
+
 
 def decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale) -> None:
-    """reference._decode_attention's contract: qd (D, kvh, g, hd) -> od, in one C++ call."""
+    """grouped_decode_attention's contract: qd (D, kvh, g, hd) -> od, in one C++ call."""
     D, kvh, g, hd = qd.shape
     if hd % 8 or k_cache.dtype != qd.dtype or not k_cache.is_contiguous():
         # the op's rows are whole 8-float vectors, in the model's dtype, in the default layout
-        return reference._decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale)
+        return grouped_decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale)
     q = qd.reshape(D, kvh * g, hd)  # a view for rows of the fused qkv output
     if q.stride(2) != 1 or q.stride(1) != hd:
         q = q.contiguous()
@@ -41,5 +71,20 @@ def decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     attn: AttentionMetadata, scale: float) -> torch.Tensor:
-    """reference.paged_attention with its decode rows computed by the C++ op."""
-    return reference.paged_attention(q, k_cache, v_cache, attn, scale, decode_attention=decode_attention)
+    """reference.paged_attention, with the leading single-token rows (attn.decode_count) in one
+    decode_attention call; the other sequences one at a time, as the reference does them."""
+    qsl, lens = attn.host_offsets()
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    out = torch.empty_like(q)
+    D = attn.decode_count(qsl)  # rows 0..D-1 of q and out
+    if D:
+        # GQA without repeating K/V: the `group` query heads of a kv head are its `group` queries
+        qd = q[:D].view(D, num_kv_heads, num_heads // num_kv_heads, head_dim)  # (D, kvh, g, hd)
+        decode_attention(qd, out[:D].view_as(qd), k_cache, v_cache, attn.block_tables[:D],
+                         attn.seq_lens[:D], lens[:D], scale)
+    for i in range(D, len(lens)):
+        s, e = qsl[i], qsl[i + 1]
+        out[s:e] = reference.sequence_attention(q[s:e], k_cache, v_cache, attn.block_tables[i],
+                                                lens[i], scale)
+    return out

@@ -1,12 +1,10 @@
-// Paged decode attention for a bf16 cache on a CPU with AVX512-BF16 (AMD Zen 4, Intel Xeon from
-// Cooper Lake on): the work items of cpu_attention.cpp, with vdpbf16ps doing the arithmetic. One
+// Paged decode attention for a bf16 cache on a CPU with AVX512-BF16: the work items of cpu_attention.cpp, with vdpbf16ps doing the arithmetic. One
 // vdpbf16ps adds the products of 32 bf16 pairs into 16 fp32 lanes, exactly (a bf16 product fits
 // fp32), so the scores q.k read K straight from the cache, with no conversion to fp32 first; and
 // the weighted sum of V multiplies pairs of tokens' V rows, interleaved in registers as they are
 // read, by their probabilities rounded to bf16 (as SDPA's CPU flash kernel rounds them for bf16
-// inputs), for up to four query heads of a kv head at once. Sums are fp32. On a 2-core AVX-512
-// EPYC, with K/V resident in cache, a layer of 64 x 320 tokens took 0.44 ms; over a real cache,
-// 5.5x the torch reference's speed, reading K/V at 32 GB/s (benchmarks/cpu_attention.py).
+// inputs), for up to four query heads of a kv head at once. Sums are fp32. Measured against the
+// torch path by benchmarks/cpu_attention.py.
 // Built only where the compiler targets those instructions (-march=native); elsewhere the entry
 // point returns false and cpu_attention.cpp's generic work items run.
 #include <ATen/Parallel.h>

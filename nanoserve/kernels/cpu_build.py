@@ -4,7 +4,7 @@ The sources: paged decode attention (cpu_attention.cpp, and cpu_attention_bf16.c
 cache on a CPU with AVX512-BF16; called by cpu_attention.py), a decoder layer's small ops,
 RMSNorm, RoPE, the K/V cache write and the MLP's SiLU-and-mul (cpu_layer_ops.cpp, called by
 cpu_layer_ops.py), the GEMV of one- and two-row linears (cpu_gemv.cpp, called by cpu_gemm.py),
-and greedy sampling's argmax (cpu_argmax.cpp, called by engine/sampler.py); cpu_common.h has the
+and greedy sampling's argmax (cpu_argmax.cpp, called by cpu_argmax.py); cpu_common.h has the
 helpers they share.
 They are built on first use with the machine's C++ compiler against the installed torch's
 headers, into one library in a cache folder keyed by the sources, torch, compiler and CPU, so
@@ -29,6 +29,8 @@ import warnings
 
 import torch
 
+from nanoserve import env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name) for name in
            ("cpu_attention.cpp", "cpu_attention_bf16.cpp", "cpu_layer_ops.cpp", "cpu_gemv.cpp",
@@ -38,8 +40,7 @@ _why_not: list[str] = []
 
 
 def cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "nanoserve", "kernels")
+    return env.cache_dir("kernels")
 
 
 def _cpu_id() -> str:
@@ -82,7 +83,7 @@ def available() -> bool:
         _why_not.append(f"built on Linux only (OpenMP with the system compiler), not {sys.platform}")
         return False
     import fcntl  # POSIX only: imported past the Linux check, so Windows can import this module
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    cxx = env.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not cxx:
         _why_not.append("no C++ compiler (c++, g++ or $CXX) on PATH")
         return False

@@ -101,8 +101,7 @@ inline void softmax_rows(float* scores, int64_t nq, int64_t L, int64_t Ls, float
 // prefetches issued at once (128-256 lines) fill the core's miss buffers, and the arithmetic behind
 // them stalls until they drain: compute and memory then take turns. Spread over the arithmetic, the
 // same prefetches overlap it. Callers report work a query head and block at a time: reported for
-// every key, the queue's state became a chain of loads and stores through memory, and took about a
-// third of the ops' cache-resident time.
+// every key, the queue's state would become a chain of loads and stores through memory.
 class PrefetchQueue {
  public:
   // rows rows of row_bytes each, stride_bytes apart, from base
@@ -172,14 +171,9 @@ struct PagedItems {
 // One thread's work items [.., end) read as one stream of cache blocks: an item's K blocks (its
 // scores), its V blocks (the weighted sum), then the next item's K blocks. While a work item
 // computes with the block at stream position s, the blocks up to s + ahead are prefetched, spread
-// over that block's arithmetic; ahead is about 16 KB of rows (one fp32 block of four kv heads).
-// On a 2-core AVX-512 EPYC, llama-120m's 12 layers of decode attention at 64 x 320 (shuffled
-// blocks) took 24 ms in fp32 and 13 in bf16 with it, against 25-28 and 15-17 with 64 KB ahead
-// or with a whole item's rows spread over the item, and 29-33 and 16-20 with each block's
-// prefetches in one burst (the same K/V bytes read alone: 23 and 14 ms). A whole item ahead
-// also lost at long contexts: 16 x 2048 is 4 MB an item in fp32, and L2 holds 1 MB. Later, with
-// the queue's cheaper bookkeeping and the bf16 V pass's grouped heads: 19-20 ms (fp32) and 9-10
-// (bf16), the read alone 17 and 7.5-9; 8 and 32 KB ahead were no faster.
+// over that block's arithmetic; ahead is about 16 KB of rows (one fp32 block of four kv heads):
+// far enough to hide the memory latency, near enough to stay in L2 (a whole item ahead would not
+// at long contexts). benchmarks/cpu_attention.py measures it against the bytes read alone.
 class BlockStream {
  public:
   BlockStream(const PagedItems& items, int64_t end)

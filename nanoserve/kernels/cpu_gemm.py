@@ -4,21 +4,18 @@ A batch-1 decode step is a chain of matrix-vector products, so its speed is the 
 which the CPU streams weights, and that depends on the weight's layout in memory. oneDNN
 (`torch.ops.mkldnn`) can reorder a weight once into the blocked layout its kernels stream
 best; vLLM's CPU backend (`dispatch_cpu_unquantized_gemm`) and torch.compile's freezing pass
-do the same. Measured with benchmarks/cpu_linear.py on a 2-core AMD EPYC (torch 2.13,
-llama-120m's 48 layer matrices, far bigger than the 32 MiB L3), ms per pass, F.linear vs packed:
-fp32 batch 1 22.2 vs 12.3 (25 GB/s), batch 64 97.7 vs 49.5, batch 2048 1635 vs 1555;
-bf16 batch 1 11.8 vs 7.8, batch 64 34.1 vs 27.0, batch 2048 795 vs 726.
+do the same (benchmarks/cpu_linear.py measures F.linear against it at batch 1 to 2048).
 
 One and two rows go to a GEMV of our own instead (cpu_gemv.cpp, where the C++ ops build): each
-thread streams a contiguous range of the *dense* weight's rows in memory order, which on a 2-core
-AVX-512 EPYC read llama-120m's weights at 30-36 GB/s against oneDNN's 19-24 at one row (fp32 and
-bf16; benchmarks/cpu_linear.py). It needs the dense weight, so a layer then holds its weight
-twice, dense and packed: a model keeps the dense copies while its weights take at most an eighth
-of the machine's memory (`room_for_dense`), and runs one row on oneDNN above that.
+thread streams a contiguous range of the *dense* weight's rows in memory order, which reads the
+weights faster than oneDNN does at one row (benchmarks/cpu_linear.py). It needs the dense weight,
+so a layer then holds its weight twice, dense and packed: a model keeps the dense copies while its
+weights take at most an eighth of the machine's memory (`room_for_dense`), and runs one row on
+oneDNN above that.
 
 A CPU without bf16 instructions (AVX2 only, no avx512_bf16/AMX) has no oneDNN bf16 kernel, and
-torch's own bf16 gemm there is a slow generic loop: llama-120m's matrices ran at about 6 GFLOP/s
-at batch 64 and 2048, 7-17x slower than fp32 on a 2-core AVX2 EPYC. There a bf16 (or fp16)
+torch's own bf16 gemm there is a slow generic loop, several times slower than fp32
+(benchmarks/cpu_linear.py). There a bf16 (or fp16)
 layer keeps its weight twice (`compute_dtype`): a packed fp32 copy for batches of more rows,
 computed in fp32 and rounded to bf16 as a bf16 gemm with fp32 accumulation would be, and
 the dense bf16 weight for the GEMV (or F.linear, without the C++ ops), which reads half the bytes
@@ -147,6 +144,25 @@ def linear_for(weight: torch.Tensor) -> tuple[str, Callable[[torch.Tensor], torc
                    "" if m.compute == m.dtype else ", F.linear for one row"))
         return name, m
     return "F.linear", lambda x: F.linear(x, weight)
+
+
+def pack_model(model) -> None:
+    """Every nn.Linear of `model` becomes a PackedLinear, and `model.lm_head_linear` a packed
+    lm_head beside the dense one (a tied model's embedding lookup needs the dense rows; an untied
+    one keeps its `lm_head` parameter for state_dict). Dense copies are kept for the GEMV while the
+    weights take at most an eighth of the machine's memory (room_for_dense); a bf16 model on a CPU
+    without bf16 kernels keeps its dense weights in any case (compute_dtype). Nothing where oneDNN
+    cannot run the weights' dtype."""
+    weight = model.lm_head_weight()
+    if weight.device.type != "cpu" or compute_dtype(weight.dtype) is None:
+        return
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    dense = room_for_dense(sum(m.weight.nbytes for _, m in linears) + weight.nbytes)
+    for name, m in linears:
+        parent, attr = name.rsplit(".", 1)
+        setattr(model.get_submodule(parent), attr, PackedLinear.from_linear(m, dense))
+    # a bound method, not a submodule: no state_dict entry, no hook of step_profile's
+    model.lm_head_linear = PackedLinear(weight, None, dense).forward
 
 
 def _dense_weight(module: PackedLinear, state: dict, prefix: str, local_metadata) -> None:

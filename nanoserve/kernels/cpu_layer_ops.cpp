@@ -26,8 +26,7 @@ namespace {
 // A second thread only takes 16K values or more: for less, waking it costs more than it saves
 // (a batch-1 decode's rows go to one thread). Inside a decode step a batch's rows are cold in
 // cache (the attention and the weights stream between two norms), and two threads fetch them
-// faster: llama-120m's RMSNorms of 64 x 768 took 0.49-0.64 ms a step this way against 0.65-1.40
-// with one thread up to 64K values (bf16, 2-core AVX-512 EPYC, four alternating runs).
+// faster (the norm part of benchmarks/cpu_step_profile.py).
 constexpr int64_t kMinValuesPerThread = 1 << 14;
 
 // Sixteen floats as one value: AVX-512 where the CPU has it, two AVX2 (or four SSE/NEON) halves

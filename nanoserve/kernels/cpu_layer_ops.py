@@ -2,13 +2,11 @@
 
 At decode sizes a row is a few hundred values, and each of the reference's torch ops (RMSNorm
 is six: add, square, mean, rsqrt, two multiplies) costs more in dispatch than in arithmetic.
-cpu_layer_ops.cpp does each kernel's arithmetic, rounded the reference's way, in one call: on a
-2-core AMD EPYC a batch-1 RMSNorm with its residual add took 8 us instead of 34 (fp32) and 41
-(bf16). Its rows go sixteen values at a time, bf16 through AVX-512's widening and rounding
-instructions where the CPU has them: on a 2-core AVX-512 EPYC (Zen 4), 64 rows of 768 took
-11.9 us instead of the earlier scalar loop's 24.4 (bf16), and the SiLU of 64 x 4096 49.8 instead
-of 63.7. Same contracts as the reference's functions; inputs the ops do not take (layouts other
-than the model's, mixed dtypes) go to the reference. cpu_build.py builds the ops.
+cpu_layer_ops.cpp does each kernel's arithmetic, rounded the reference's way, in one call, its
+rows sixteen values at a time (bf16 through AVX-512's widening and rounding instructions where the
+CPU has them); the step profile's norm/rope/cache-write parts measure it
+(benchmarks/cpu_step_profile.py). Same contracts as the reference's functions; inputs the ops do
+not take (layouts other than the model's, mixed dtypes) go to the reference. cpu_build.py builds the ops.
 """
 
 from __future__ import annotations

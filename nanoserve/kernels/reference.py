@@ -1,8 +1,9 @@
-"""Plain PyTorch reference kernels: the specification the Triton kernels must match.
+"""Plain PyTorch reference kernels: the specification, and the oracle every fast kernel is tested against.
 
-They run on any device and are the default on CPU. Vectorised over tokens: the Python
-loops in `paged_attention` are over prefill sequences (one SDPA call each) and over groups
-of decode sequences sized to stay in a CPU's cache (one gather and one SDPA call each).
+Each function is the plainest correct torch for its kernel, written to be checked by hand; the
+fast versions (C++ on a CPU: cpu_*.py, Triton on a GPU: triton_*.py) sit behind the dispatch in
+kernels/__init__.py, which picks this module only where neither runs (or when asked to with
+NANOSERVE_KERNELS=reference). Vectorised over tokens; `paged_attention` loops over sequences.
 
 Cache layout (per layer): k_cache, v_cache of shape (num_blocks, block_size, num_kv_heads, head_dim).
 A token's slot is block_id * block_size + offset; slot -1 marks padding (not written).
@@ -37,6 +38,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy sampling: logits (N, vocab) -> (N,) int64, the first maximum of each row (a NaN wins)."""
+    return logits.argmax(-1)
 
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -84,76 +90,40 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
     return cache[block_table[:nb].long()].flatten(0, 1)[:length]
 
 
-DECODE_GATHER_BYTES = 4 * 2**20  # K+V gathered per group of decodes: stays in a CPU's cache
+def sequence_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       block_table: torch.Tensor, length: int, scale: float) -> torch.Tensor:
+    """One sequence's attention: q (n, num_heads, head_dim), its last n positions of `length`.
 
-
-def _decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale) -> None:
-    """Single-token queries qd (D, kvh, g, hd) -> od, in groups of sequences.
-
-    Each group's blocks are gathered into one reused buffer of about DECODE_GATHER_BYTES,
-    viewed as (n, kvh, L, hd) without a copy, and attended by one SDPA call with the padding
-    past each context masked. Gathering a whole batch at once writes and rereads every K/V
-    byte through DRAM; in cache-sized groups it ran 2x faster (64 x 272 and 32 x 848 tokens
-    of llama-120m on a 2-core EPYC, 32 MiB L3; 4 MiB beat 1, 8 and 16).
+    Query j (position length-n+j) attends to cached positions 0..length-n+j: a causal mask
+    offset by the cached prefix. GQA: head h reads kv head h // (num_heads / num_kv_heads).
+    -> (n, num_heads, head_dim).
     """
-    D, block_size = len(d_lens_cpu), k_cache.shape[1]
-    most_blocks = -(-max(d_lens_cpu) // block_size)
-    block_bytes = k_cache.element_size() * k_cache.stride(0)  # one block of K
-    per_group = max(1, DECODE_GATHER_BYTES // (2 * most_blocks * block_bytes))
-    if qd.device.type != "cpu":  # the cache-sized groups are a CPU matter: one group elsewhere
-        per_group = D
-    buf_k = k_cache.new_empty(min(D, per_group) * most_blocks, *k_cache.shape[1:])
-    buf_v = torch.empty_like(buf_k)
-    for s in range(0, D, per_group):
-        e = min(D, s + per_group)
-        nb = -(-max(d_lens_cpu[s:e]) // block_size)
-        ids = tables[s:e, :nb].flatten()
-        k = torch.index_select(k_cache, 0, ids, out=buf_k[:len(ids)])  # (n*nb, bs, kvh, hd)
-        v = torch.index_select(v_cache, 0, ids, out=buf_v[:len(ids)])
-        k = k.view(e - s, nb * block_size, *k.shape[2:]).transpose(1, 2).to(qd.dtype)
-        v = v.view(e - s, nb * block_size, *v.shape[2:]).transpose(1, 2).to(qd.dtype)
-        keep = torch.arange(nb * block_size, device=qd.device) < d_lens[s:e, None]  # (n, L)
-        od[s:e] = F.scaled_dot_product_attention(qd[s:e], k, v, attn_mask=keep[:, None, None, :],
-                                                 scale=scale)
+    n = q.shape[0]
+    k = gather_kv(k_cache, block_table, length).transpose(0, 1)[None]  # (1, kvh, L, hd)
+    v = gather_kv(v_cache, block_table, length).transpose(0, 1)[None]
+    qs = q.transpose(0, 1)[None]  # (1, num_heads, n, hd)
+    # 4-D inputs reach SDPA's flash kernel (3-D ones its math path); is_causal when nothing is cached
+    mask = None if n == length else torch.ones(n, length, dtype=torch.bool,
+                                               device=q.device).tril(length - n)
+    o = F.scaled_dot_product_attention(qs, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+                                       is_causal=mask is None, scale=scale, enable_gqa=True)
+    return o[0].transpose(0, 1)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    attn: AttentionMetadata, scale: float,
-                    decode_attention=_decode_attention) -> torch.Tensor:
+                    attn: AttentionMetadata, scale: float) -> torch.Tensor:
     """Attention of a flattened mixed batch over the paged cache (this step's K/V already written).
 
     q: (T, num_heads, head_dim), the tokens of B sequences concatenated;
     attn.query_start_loc: (B+1,) offsets of each sequence's tokens in q;
     attn.seq_lens: (B,) context length of each sequence *including* this step's tokens;
     attn.block_tables: (B, max_blocks) int32, padded with any valid id.
-    Query token j of sequence b sits at position seq_lens[b] - q_len[b] + j and attends
-    causally to cached positions <= its own. GQA: head h reads kv head h // (num_heads/num_kv_heads).
-    Returns (T, num_heads, head_dim). `decode_attention` computes the leading single-token rows
-    (attn.decode_count; `_decode_attention`'s contract: it writes them in place into `out`), the
-    CPU backend passing its C++ op (cpu_attention.py); the other sequences go one at a time.
+    A sequence at a time (a decode is one row): gather its K/V, attend (`sequence_attention`).
+    Returns (T, num_heads, head_dim).
     """
     qsl, lens = attn.host_offsets()
-    block_tables, seq_lens = attn.block_tables, attn.seq_lens
-    num_heads, head_dim = q.shape[1:]
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
     out = torch.empty_like(q)
-    D = attn.decode_count(qsl)  # the leading single-token queries: rows 0..D-1 of q and out
-    if D:
-        # GQA without repeating K/V: the `group` query heads of a kv head are its `group` queries
-        qd = q[:D].view(D, num_kv_heads, group, head_dim)  # (D, kvh, g, hd)
-        decode_attention(qd, out[:D].view_as(qd), k_cache, v_cache, block_tables[:D], seq_lens[:D],
-                         lens[:D], scale)
-    for i in range(D, len(lens)):  # a sequence at a time (a decode among them is one row)
-        s, n, L = qsl[i], qsl[i + 1] - qsl[i], lens[i]
-        k = gather_kv(k_cache, block_tables[i], L).transpose(0, 1)[None]
-        v = gather_kv(v_cache, block_tables[i], L).transpose(0, 1)[None]
-        qs = q[s:s + n].transpose(0, 1)[None]  # (1, num_heads, n, hd); K/V: (1, kvh, L, hd)
-        # query j (position L-n+j) sees keys 0..L-n+j: a causal mask offset by the cached prefix.
-        # 4-D inputs reach SDPA's CPU flash kernel (3-D ones take the math path: 5x slower at
-        # 2048 tokens), and is_causal, when nothing is cached, skips the masked tiles
-        mask = None if n == L else torch.ones(n, L, dtype=torch.bool, device=q.device).tril(L - n)
-        o = F.scaled_dot_product_attention(qs, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
-                                           is_causal=mask is None, scale=scale, enable_gqa=True)
-        out[s:s + n] = o[0].transpose(0, 1)
+    for i, length in enumerate(lens):
+        s, e = qsl[i], qsl[i + 1]
+        out[s:e] = sequence_attention(q[s:e], k_cache, v_cache, attn.block_tables[i], length, scale)
     return out

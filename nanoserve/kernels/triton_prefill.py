@@ -19,13 +19,14 @@ windows. fp16/bf16 tiles are multiplied as they are, with fp32 accumulation. On 
 only under TRITON_INTERPRET=1, where bf16 is computed in fp32 (its bf16 arithmetic is wrong).
 """
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once: triton reads it at import
+from nanoserve import env
+
+INTERPRETED = env.get("TRITON_INTERPRET") == "1"  # read once: triton reads it at import
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the GPU's native instruction
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from nanoserve import cli
 from nanoserve.config import EngineConfig, ModelConfig
-from nanoserve.engine import LLM, LLMEngine, ModelRunner, StepRecord
+from nanoserve.engine import LLM, LLMEngine, ModelRunner, StepRecord, engine_of
 from nanoserve.measure import figures, roofline
 from nanoserve.measure.figures import device_label
 from nanoserve.measure.metrics import ServingMetrics, compute_metrics
@@ -174,7 +174,7 @@ def replay(engine_or_llm: LLMEngine | LLM, workload: Workload, realtime: bool = 
     (default: device_label(engine)). The engine must be idle and record its trace."""
     from tqdm.auto import tqdm
 
-    engine = getattr(engine_or_llm, "engine", engine_or_llm)
+    engine = engine_of(engine_or_llm)
     if engine.has_unfinished():
         raise ValueError("replay needs an idle engine: it still has unfinished requests")
     if warmup:
@@ -216,48 +216,27 @@ class OverheadReport:
 def scheduler_overhead(engine_or_llm: LLMEngine | LLM, batch_size: int = 32, input_len: int = 64,
                        output_len: int = 32, seed: int = 0) -> OverheadReport:
     """Time schedule, prepare and update_from_output inside each step of batch_size requests
-    decoding together. The engine's instances are wrapped for the run and restored after."""
-    engine = getattr(engine_or_llm, "engine", engine_or_llm)
+    decoding together, from the timings the engine and its runner keep of every step."""
+    engine = engine_of(engine_or_llm)
     if engine.config.max_num_seqs < batch_size:
         raise ValueError(f"batch_size={batch_size} exceeds max_num_seqs={engine.config.max_num_seqs}")
     if not isinstance(engine.executor, ModelRunner):
         raise ValueError("scheduler_overhead needs an engine over a real model (a ModelRunner)")
     if engine.has_unfinished():
         raise ValueError("scheduler_overhead needs an idle engine: it has unfinished requests")
-    step: dict[str, float] = {}
-
-    def timed(obj, name: str):
-        fn = getattr(obj, name)
-
-        def wrapper(*args, **kwargs):
-            t = time.perf_counter()
-            result = fn(*args, **kwargs)
-            step[name] = step.get(name, 0.0) + time.perf_counter() - t
-            if name == "schedule":
-                step["decode"], step["prefill"] = result.num_decode_tokens, result.num_prefill_tokens
-            return result
-        setattr(obj, name, wrapper)  # an instance attribute shadows the method until deleted
-
-    targets = [(engine.scheduler, "schedule"), (engine.executor, "prepare"),
-               (engine.scheduler, "update_from_output")]
     wl = synthetic(batch_size, input_len, output_len, seed=seed,
                    vocab_size=engine.model_config.vocab_size)
+    for r in wl:
+        engine.add_request(r.prompt_token_ids, r.params)
     rows = []
-    for obj, name in targets:
-        timed(obj, name)
-    try:
-        for r in wl:
-            engine.add_request(r.prompt_token_ids, r.params)
-        while engine.has_unfinished():
-            step.clear()
-            t = time.perf_counter()
-            engine.step()
-            step["total"] = time.perf_counter() - t
-            if step.get("decode") == batch_size and not step.get("prefill"):
-                rows.append(dict(step))
-    finally:
-        for obj, name in targets:
-            delattr(obj, name)
+    while engine.has_unfinished():
+        t = time.perf_counter()
+        if not engine.step():
+            continue
+        total, s = time.perf_counter() - t, engine.last_step_times  # the engine's own timings
+        if s.num_decode_tokens == batch_size and not s.num_prefill_tokens:
+            rows.append(dict(total=total, schedule=s.schedule, prepare=engine.executor.prepare_time,
+                             update_from_output=s.update))
     if not rows:
         raise RuntimeError(f"no step decoded {batch_size} sequences together; raise "
                            "num_kv_blocks or output_len")

@@ -23,6 +23,7 @@ from datetime import datetime
 import torch
 import torch.nn.functional as F
 
+from nanoserve import env
 from nanoserve.kernels import cpu_gemm
 
 _TORCH_DTYPES = {n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
@@ -168,7 +169,7 @@ CEILINGS_VERSION = 3  # bumped when the way of measuring changes (3: the GEMV): 
 
 
 def ceilings_cache_path(device: str | torch.device = "cpu") -> str:
-    """~/.cache/nanoserve/ceilings-<devicekey>.json ($NANOSERVE_CACHE_DIR replaces the folder).
+    """<cache>/ceilings-<devicekey>.json in nanoserve's cache folder (env.cache_dir).
 
     The key names the device model, and on CPU the thread count, which the ceilings depend on.
     """
@@ -177,8 +178,7 @@ def ceilings_cache_path(device: str | torch.device = "cpu") -> str:
     if device.type == "cpu":
         key += f"-{torch.get_num_threads()}t"
     key = re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")
-    folder = os.environ.get("NANOSERVE_CACHE_DIR") or os.path.expanduser("~/.cache/nanoserve")
-    return os.path.join(folder, f"ceilings-v{CEILINGS_VERSION}-{key}.json")
+    return env.cache_dir(f"ceilings-v{CEILINGS_VERSION}-{key}.json")
 
 
 def load_or_measure_ceilings(device: str | torch.device = "cpu", refresh: bool = False,

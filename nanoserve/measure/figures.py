@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from nanoserve.engine import engine_of
 from nanoserve.measure.ceilings import device_name, dtype_name
 from nanoserve.measure.metrics import completed, itls, ttft
 
@@ -39,7 +40,7 @@ def device_label(x) -> str:
     if hasattr(x, "peak_flops"):  # DeviceCeilings
         threads = f" ({x.num_threads} threads)" if x.device == "cpu" else ""
         return f"measured on {x.device_name}{threads}"
-    engine = getattr(x, "engine", x)
+    engine = engine_of(x)
     dev = torch.device(engine.device)
     threads = f" ({torch.get_num_threads()} threads)" if dev.type == "cpu" else ""
     name = engine.model_name or f"{engine.model_config.num_params() / 1e6:.0f}M-param model"

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from nanoserve import cli
+from nanoserve import cli, env
 from nanoserve.measure import datasets, spec_decode_metrics
 from nanoserve.measure.http_result import HTTPOutput, LoadResult
 from nanoserve.measure.slo import parse_slo
@@ -68,7 +68,7 @@ class Target:
         return {**body, **(self.extra_body or {})}
 
     def headers(self) -> dict:
-        key = self.api_key or os.environ.get("OPENAI_API_KEY")  # vLLM's client reads the same
+        key = self.api_key or env.get("OPENAI_API_KEY")  # vLLM's client reads the same
         return {"Authorization": f"Bearer {key}"} if key else {}
 
 
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = add_cli_args(cli.parser("nanoserve loadgen", __doc__))
     args = ap.parse_args(argv)
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-    model = args.model or run_sync(first_model(base_url, args.api_key or os.environ.get("OPENAI_API_KEY")))
+    model = args.model or run_sync(first_model(base_url, args.api_key or env.get("OPENAI_API_KEY")))
     tokenizer = datasets.load_text_tokenizer(args.tokenizer)
     target = Target(base_url, model, args.endpoint, args.api_key, args.temperature, args.ignore_eos,
                     args.extra_body, args.request_timeout)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from nanoserve.engine import LLM, LLMEngine
+from nanoserve.engine import LLM, LLMEngine, engine_of
 from nanoserve.kernels import kernel_ops
 from nanoserve.kernels.cpu_gemm import PackedLinear
 from nanoserve.sampling_params import SamplingParams
@@ -52,7 +52,7 @@ class StepProfile:
 def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 128,
                  prefill: bool = False, steps: int = 5, label: str | None = None) -> StepProfile:
     """Mean split of `steps` decode steps (or of the one prefill step) -> StepProfile."""
-    engine = getattr(llm, "engine", llm)
+    engine = engine_of(llm)
     if engine.has_unfinished():
         raise ValueError("step_profile needs an idle engine: it has unfinished requests")
     if torch.device(engine.device).type != "cpu":

@@ -8,7 +8,7 @@ from nanoserve.model.loader import (
     load_model,
     save_hf_checkpoint,
 )
-from nanoserve.model.presets import PRESETS, preset_config
+from nanoserve.presets import PRESETS, preset_config
 
 __all__ = ["LlamaForCausalLM", "DEMO_MODEL_DIR", "DEMO_MODEL_NAME", "hf_config_dict", "load_model",
            "save_hf_checkpoint", "PRESETS", "preset_config"]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nanoserve import env
 from nanoserve.model.gguf import convert_gguf
 
 
@@ -45,8 +46,8 @@ NAMED_MODELS = {
 
 
 def cache_dir() -> str:
-    """Where downloads and conversions live: $NANOSERVE_CACHE_DIR, else ~/.cache/nanoserve."""
-    return os.environ.get("NANOSERVE_CACHE_DIR") or os.path.expanduser("~/.cache/nanoserve")
+    """Where downloads and conversions live: nanoserve's one cache folder (nanoserve/env.py)."""
+    return env.cache_dir()
 
 
 def _models_dir() -> str:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoserve.config import ModelConfig
-from nanoserve.kernels import AttentionMetadata, cpu_gemm, get_ops
+from nanoserve.kernels import AttentionMetadata, get_ops, process_weights_after_loading
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -136,31 +136,15 @@ class LlamaForCausalLM(nn.Module):
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head
 
-    lm_head_packed = None  # PackedLinear.forward of the lm_head, set by process_weights_after_loading
+    lm_head_linear = None  # a kernel backend's x -> x @ lm_head.T, set by process_weights_after_loading
+    weights_frozen = False  # set by process_weights_after_loading: load_weights refuses the model
 
     def process_weights_after_loading(self) -> None:
-        """On a CPU oneDNN supports, run every matmul on prepacked weights (kernels/cpu_gemm.py).
-
-        The model runner calls this once, after loading (vLLM's name for the hook); from then
-        on the linear weights are frozen: load_weights refuses the model. Each nn.Linear becomes
-        a PackedLinear holding the packed weight, and the dense one too for the GEMV of one or
-        two rows while the weights take at most an eighth of the machine's memory
-        (cpu_gemm.room_for_dense). The lm_head gets a packed copy beside its dense one: the
-        embedding lookup of a tied model needs the dense rows, and an untied model keeps its
-        `lm_head` parameter for state_dict (one vocab x hidden matrix extra). A bf16 model on a
-        CPU without bf16 kernels keeps its dense weights in any case: see cpu_gemm.
-        """
-        weight = self.embed_tokens.weight
-        if weight.device.type != "cpu" or cpu_gemm.compute_dtype(weight.dtype) is None:
-            return
-        linears = [(name, m) for name, m in self.named_modules() if isinstance(m, nn.Linear)]
-        dense = cpu_gemm.room_for_dense(sum(m.weight.nbytes for _, m in linears)
-                                        + self.lm_head_weight().nbytes)
-        for name, m in linears:
-            parent, attr = name.rsplit(".", 1)
-            setattr(self.get_submodule(parent), attr, cpu_gemm.PackedLinear.from_linear(m, dense))
-        # a bound method, not a submodule: no state_dict entry, no hook of step_profile's
-        self.lm_head_packed = cpu_gemm.PackedLinear(self.lm_head_weight(), None, dense).forward
+        """Called once by the model runner after loading (vLLM's hook): the kernel backend may
+        repack the weights for its matmuls (kernels.process_weights_after_loading); from then on
+        load_weights refuses the model."""
+        process_weights_after_loading(self)
+        self.weights_frozen = True
 
     def forward(self, input_ids, positions, kv_caches, attn: AttentionMetadata):
         """input_ids, positions: (T,); kv_caches: per layer (k_cache, v_cache). -> (T, hidden)."""
@@ -173,8 +157,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (N, hidden) -> (N, vocab) in fp32."""
-        if self.lm_head_packed is not None:
-            return self.lm_head_packed(hidden).float()
+        if self.lm_head_linear is not None:
+            return self.lm_head_linear(hidden).float()
         return F.linear(hidden, self.lm_head_weight()).float()
 
     def init_random_weights(self, seed: int = 0, std: float = 0.02):

@@ -21,11 +21,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from nanoserve.config import ModelConfig
-from nanoserve.kernels.cpu_gemm import PackedLinear
 from nanoserve.model import fetch
 from nanoserve.model.hf_config import hf_config_dict
 from nanoserve.model.llama import LlamaForCausalLM
-from nanoserve.model.presets import preset_config
+from nanoserve.presets import preset_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEMO_MODEL_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "demo-model")
@@ -89,9 +88,9 @@ def _hf_to_ours(name: str):
 
 
 def load_weights(model: LlamaForCausalLM, folder: str) -> None:
-    if any(isinstance(m, PackedLinear) for m in model.modules()):
+    if model.weights_frozen:
         raise ValueError("load_weights needs the model before process_weights_after_loading: "
-                         "its linear weights are packed (frozen) now")
+                         "its weights are in the kernel backend's layout (frozen) now")
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {folder!r}")

@@ -129,7 +129,7 @@ def build_app(serving: OpenAIServing, metrics, api_key: str | None = None, lifes
     @app.post("/detokenize")
     async def detokenize(req: p.DetokenizeRequest):
         serving.check_model(req.model)
-        vocab = serving.engine.engine.model_config.vocab_size
+        vocab = serving.vocab_size
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise p.APIError(400, f"tokens: token id {bad[0]} is outside the vocabulary [0, {vocab})",

@@ -12,8 +12,8 @@ The engine thread also builds the engine (loads and warms the model): every torc
 server runs on that one thread. With torch's OpenMP (libgomp), each thread that runs a parallel
 region gets a team of worker threads of its own; a second team puts more OpenMP threads than
 cores in the process, and libgomp then lets idle workers spin only briefly before they sleep, so
-every parallel region pays a futex wake-up (about 600 per 128-token prefill of llama-120m, about
-10% of the step on 2 cores: benchmarks/results/http-2026-11-30T2200-one-thread.md).
+every parallel region pays a futex wake-up (measured in benchmarks/results/, the one-thread
+HTTP run).
 
 Every wait is bounded: the idle thread sleeps on its inbox for at most IDLE_WAIT seconds at a
 time (no busy loop; it wakes at once when a request arrives), a request's acceptance is awaited

@@ -47,6 +47,7 @@ class OpenAIServing:
         self.engine, self.model_name, self.model_root = engine, model_name, model_root
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = engine.engine.max_model_len
+        self.vocab_size = engine.engine.model_config.vocab_size
         self.chat_template = chat_template
 
     def check_model(self, name: str | None) -> None:

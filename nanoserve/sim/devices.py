@@ -29,7 +29,7 @@ import torch
 from nanoserve.config import ModelConfig
 from nanoserve.engine.kv_cache import num_blocks_in
 from nanoserve.measure.roofline import dtype_bytes, dtype_name, load_or_measure_ceilings
-from nanoserve.model.presets import PRESETS
+from nanoserve.presets import PRESETS
 
 GB = 1e9
 

@@ -11,7 +11,7 @@ from nanoserve.course import experiments as ex
 from nanoserve.course import setup
 from nanoserve.engine.kv_cache import kv_bytes_per_token
 from nanoserve.measure import roofline
-from nanoserve.model.presets import preset_config
+from nanoserve.presets import preset_config
 
 
 def fake_ceilings(bw=25e9, fp32=200e9, bf16=400e9):

@@ -45,7 +45,7 @@ def test_lesson_executes_headless(path, output_widget_sends):
     assert not lessons.errors(nb), lessons.errors(nb)
     assert not output_widget_sends, (
         f"{path.name}: nbclient answered an Output widget's capture ({len(output_widget_sends)} "
-        "messages): a widget draws with `with out:`; use widgets.common._show")
+        "messages): a widget draws with `with out:`; use widgets.common.show_figure")
     # progress bars are widgets too; the lesson's own widgets are those that drew a figure
     drawn = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" for o in c.outputs
              if lessons.WIDGET_VIEW in o.get("data", {})
@@ -65,10 +65,10 @@ def test_widgets_draw_without_the_output_capture(tmp_path, output_widget_sends):
     made it send (counted here)."""
     import nbformat
     code = ["%matplotlib inline\nimport ipywidgets as W, matplotlib.pyplot as plt\n"
-            "from nanoserve.course.widgets.common import _show",
+            "from nanoserve.course.widgets.common import show_figure",
             "out = W.Output()\nslider = W.IntSlider(value=1, min=1, max=3)\n"
             "def fig(_=None):\n    f, ax = plt.subplots()\n    ax.plot([0, slider.value])\n    return f\n"
-            "def draw(_=None):\n    _show(out, fig)\nslider.observe(draw, names='value')\ndraw()\n"
+            "def draw(_=None):\n    show_figure(out, fig)\nslider.observe(draw, names='value')\ndraw()\n"
             "W.VBox([slider, out])",
             "slider.value = 3\nassert len(out.outputs) == 1 and 'image/png' in out.outputs[0]['data']"]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in code])

@@ -11,7 +11,7 @@ import pytest
 
 from nanoserve.course import scenarios as S
 from nanoserve.course import setup
-from nanoserve.course.scenarios.common import _round_up
+from nanoserve.course.scenarios.common import round_up
 from nanoserve.measure.metrics import completed
 
 
@@ -94,7 +94,7 @@ def test_calibration_slo_and_capacity(llm, device_model):
     slo = S.unloaded_slo(llm, 32)
     assert set(slo) == {"ttft", "tpot"} and all(v > 0 for v in slo.values())
     assert setup.slo_text({"ttft": 0.12, "tpot": 0.026}) == "ttft<=120ms,tpot<=26ms"
-    assert _round_up(0.1234) == pytest.approx(0.13) and _round_up(25) == 25
+    assert round_up(0.1234) == pytest.approx(0.13) and round_up(25) == 25
 
 
 def test_workload_shift_and_stratification(llm):

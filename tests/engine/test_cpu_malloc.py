@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nanoserve import LLM
-from nanoserve.engine import cpu_malloc
+from nanoserve.kernels import cpu_malloc
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
                            reason="glibc's malloc thresholds only")

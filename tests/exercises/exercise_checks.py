@@ -43,10 +43,9 @@ ANSWER_KEY = {
     "ex10": ("nanoserve.measure.metrics", "nanoserve.measure.http_result"),
 }
 ANSWER_KEY_ALL = tuple(sorted({k for keys in ANSWER_KEY.values() for k in keys}))
-# methods whose parent-class version is the answer: super().schedule(...), Scheduler.schedule(self, ...),
-# and any use of the private ones
-PARENT_METHODS = {"ex04": ("schedule", "_schedule_running", "_schedule_waiting"),
-                  "ex05": ("schedule", "_schedule_running", "_schedule_waiting")}
+# methods whose parent-class version is the answer: super().schedule(...), Scheduler.schedule(self, ...)
+PARENT_METHODS = {"ex04": ("schedule", "schedule_running", "schedule_waiting"),
+                  "ex05": ("schedule", "schedule_running", "schedule_waiting")}
 
 
 def _resolved(path: str) -> list[str]:
@@ -113,8 +112,6 @@ def answer_key_imports(source: str, keys: tuple[str, ...] = ANSWER_KEY_ALL,
                 and ast.unparse(node.func.value) != "self"
             if via_super or unbound:
                 lines.add(node.lineno)
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and node.attr in parent_methods:
-            lines.add(node.lineno)  # the policy's private pieces: no subclass of ours has them
     text = source.splitlines()
     return [f"line {n}: {text[n - 1].strip()}" for n in sorted(lines)]
 

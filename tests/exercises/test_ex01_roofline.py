@@ -9,7 +9,7 @@ from nanoserve.config import ModelConfig
 from nanoserve.measure.roofline import DeviceCeilings, step_cost
 from nanoserve.measure.roofline import critical_batch_size as engine_critical_batch_size
 from nanoserve.measure.roofline import decode_step_floor as engine_decode_step_floor
-from nanoserve.model.presets import preset_config
+from nanoserve.presets import preset_config
 
 
 @pytest.fixture(scope="module")

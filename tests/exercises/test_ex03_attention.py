@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nanoserve.kernels import AttentionMetadata, reference, use_kernels
-from nanoserve.model.presets import preset_config
+from nanoserve.presets import preset_config
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoserve.engine.sampler import argmax
 from nanoserve.kernels import cpu_build
+from nanoserve.kernels.cpu_argmax import argmax
 
 pytestmark = pytest.mark.skipif(not cpu_build.available(),
                                 reason=f"C++ ops not built: {cpu_build.unavailable_reason()}")

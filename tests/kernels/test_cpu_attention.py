@@ -33,6 +33,14 @@ def decode_batch(lens, num_heads, num_kv_heads, head_dim, block_size, dtype, str
     return qd, od, k_cache, v_cache, attn.block_tables, attn.seq_lens
 
 
+def reference_decode(qd, k_cache, v_cache, tables, lens, scale):
+    """The reference's answer for single-token queries qd (D, kvh, g, hd), a sequence at a time."""
+    D, kvh, g, hd = qd.shape
+    rows = [reference.sequence_attention(qd[i].reshape(1, kvh * g, hd), k_cache, v_cache, tables[i],
+                                         lens[i], scale) for i in range(D)]
+    return torch.cat(rows).view_as(qd)
+
+
 @pytest.mark.parametrize("D", [1, 3, 17])
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(12, 4, 64), (4, 4, 128), (8, 2, 32)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -42,8 +50,7 @@ def test_op_matches_the_reference(D, num_heads, num_kv_heads, head_dim, dtype):
     qd, od, k_cache, v_cache, tables, seq_lens = decode_batch(lens, num_heads, num_kv_heads,
                                                               head_dim, 16, dtype)
     cpu_attention.decode_attention(qd, od, k_cache, v_cache, tables, seq_lens, lens, 0.125)
-    want = torch.empty_like(od)
-    reference._decode_attention(qd, want, k_cache, v_cache, tables, seq_lens, lens, 0.125)
+    want = reference_decode(qd, k_cache, v_cache, tables, lens, 0.125)
     torch.testing.assert_close(od, want, **TOL[dtype])
 
 
@@ -112,8 +119,7 @@ def test_a_softmax_of_huge_scores_stays_finite():
     qd, od, k_cache, v_cache, tables, seq_lens = decode_batch([40, 7], 4, 2, 16, 4, torch.float32)
     qd = qd * 1e3
     cpu_attention.decode_attention(qd, od, k_cache, v_cache, tables, seq_lens, [40, 7], 1.0)
-    want = torch.empty_like(od)
-    reference._decode_attention(qd, want, k_cache, v_cache, tables, seq_lens, [40, 7], 1.0)
+    want = reference_decode(qd, k_cache, v_cache, tables, [40, 7], 1.0)
     torch.testing.assert_close(od, want, **TOL[torch.float32])
 
 
@@ -125,13 +131,12 @@ def test_paged_attention_of_mixed_batches(case):
     torch.testing.assert_close(got, reference.paged_attention(*batch, 0.25), **TOL[torch.float32])
 
 
-def test_shapes_the_op_does_not_take_go_to_the_reference(monkeypatch):
-    """head_dim 20 is not whole 8-float vectors: the reference computes it, same answer."""
+def test_shapes_the_op_does_not_take_go_to_the_torch_path(monkeypatch):
+    """head_dim 20 is not whole 8-float vectors: grouped_decode_attention computes it, same answer."""
     qd, od, k_cache, v_cache, tables, seq_lens = decode_batch([9, 30], 4, 2, 20, 4, torch.float32)
     monkeypatch.setattr(torch.ops.nanoserve_cpu, "decode_attention", None, raising=False)
     cpu_attention.decode_attention(qd, od, k_cache, v_cache, tables, seq_lens, [9, 30], 0.2)
-    want = torch.empty_like(od)
-    reference._decode_attention(qd, want, k_cache, v_cache, tables, seq_lens, [9, 30], 0.2)
+    want = reference_decode(qd, k_cache, v_cache, tables, [9, 30], 0.2)
     torch.testing.assert_close(od, want, **TOL[torch.float32])
 
 
@@ -145,3 +150,15 @@ def test_the_op_refuses_what_it_cannot_read():
         torch.ops.nanoserve_cpu.decode_attention(q, od.view(1, 4, 16), k_cache.half(),
                                                  v_cache.half(), tables, seq_lens, 0.2)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gather_bytes", [1, 49152, 2**30])
+def test_torch_decode_groups_agree_with_the_reference(monkeypatch, dtype, gather_bytes):
+    """The torch path attends decodes in cache-sized groups: 1 sequence, a few, or all at once.
+    (49152 bytes: 9 sequences of up to 60 tokens run as groups of 3, 16 blocks of 2 x 512 bytes.)"""
+    monkeypatch.setattr(cpu_attention, "DECODE_GATHER_BYTES", gather_bytes)
+    lens = [60, 1, 17, 33, 4, 59, 8, 25, 41]
+    qd, od, k_cache, v_cache, tables, seq_lens = decode_batch(lens, 6, 2, 16, 4, dtype)
+    cpu_attention.grouped_decode_attention(qd, od, k_cache, v_cache, tables, seq_lens, lens, 0.25)
+    torch.testing.assert_close(od, reference_decode(qd, k_cache, v_cache, tables, lens, 0.25), **TOL[dtype])

@@ -188,19 +188,6 @@ def test_cases_catch_plausible_bugs(device, bug):
     assert not torch.allclose(loop_attention(*args, **bug), want, atol=1e-3)
 
 
-@pytest.mark.parametrize("case", ["decode", "mixed"])
-@pytest.mark.parametrize("gather_bytes", [1, 49152, 2**30])
-def test_reference_decode_groups_agree_with_the_loop(device, monkeypatch, case, gather_bytes):
-    """The reference attends decodes in cache-sized groups: 1 sequence, a few, or all at once.
-    (49152 bytes: "decode" runs as groups of 3 + 1, each 16 blocks of 2 x 512 bytes.)"""
-    monkeypatch.setattr(reference, "DECODE_GATHER_BYTES", gather_bytes)
-    seqs = CASES[case]
-    q, k_cache, v_cache, attn = paged_batch(seqs, 6, 2, 16, 4, torch.float32, device)
-    got = reference.paged_attention(q, k_cache, v_cache, attn, 0.25)
-    want = loop_attention(q, k_cache, v_cache, attn.block_tables, seqs, 0.25)
-    torch.testing.assert_close(got, want, **TOL[torch.float32])
-
-
 def test_kernels_in_a_fresh_process(in_process):
     """Only when triton was imported in this process before the interpreter could be chosen."""
     if in_process:

@@ -20,7 +20,7 @@ from nanoserve.measure.bench import drive
 from nanoserve.measure.metrics import compute_metrics, itls, tpot
 from nanoserve.measure.roofline import dtype_bytes, dtype_name
 from nanoserve.measure.workload import Uniform, Workload, WorkloadRequest, greedy_params, synthetic
-from nanoserve.model.presets import preset_config
+from nanoserve.presets import preset_config
 from nanoserve.sim.simulator import CostModel, sim_engine
 
 

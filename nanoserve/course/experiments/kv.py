@@ -12,7 +12,7 @@ from nanoserve.engine.kv_cache import kv_bytes_per_block, kv_bytes_per_token, nu
 from nanoserve.measure.metrics import itls, prefill_time
 from nanoserve.measure.roofline import dtype_bytes, dtype_name, step_cost
 from nanoserve.measure.workload import Uniform, Workload, greedy_params, synthetic
-from nanoserve.model.presets import preset_config
+from nanoserve.presets import preset_config
 
 
 @dataclass

@@ -26,7 +26,7 @@ from nanoserve.measure.fit import fit_relative
 from nanoserve.measure.metrics import prefill_time
 from nanoserve.measure.roofline import dtype_bytes, step_cost
 from nanoserve.measure.workload import greedy_params
-from nanoserve.model.presets import preset_config
+from nanoserve.presets import preset_config
 
 
 @dataclass

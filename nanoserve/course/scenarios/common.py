@@ -16,7 +16,7 @@ from nanoserve.measure.metrics import tpot, ttft
 from nanoserve.measure.workload import Workload, greedy_params, random_tokens
 
 
-def _tokens(engine, n: int, seed: int) -> list[int]:
+def prompt_tokens(engine, n: int, seed: int) -> list[int]:
     return random_tokens(n, np.random.default_rng(seed), engine.model_config.vocab_size)
 
 
@@ -26,7 +26,7 @@ def measure_decode_step(engine_or_llm, batch_size: int, context_len: int = 16, s
     engine = fresh_engine(engine_or_llm, enable_prefix_caching=False,
                           max_num_seqs=max(batch_size, 1),
                           max_num_batched_tokens=max(batch_size * context_len, batch_size))
-    generate(engine, [_tokens(engine, context_len, 1000 + i) for i in range(batch_size)],
+    generate(engine, [prompt_tokens(engine, context_len, 1000 + i) for i in range(batch_size)],
              greedy_params(steps + 1))
     tr = engine.trace
     periods = [b.start - a.start for a, b in zip(tr, tr[1:])
@@ -39,11 +39,11 @@ def measure_prefill(engine_or_llm, prompt_len: int, repeats: int = 3) -> float:
     engine = fresh_engine(engine_or_llm, enable_prefix_caching=False, enable_chunked_prefill=False,
                           max_num_batched_tokens=prompt_len)
     for i in range(repeats):
-        generate(engine, [_tokens(engine, prompt_len, 2000 + i)], greedy_params(1))
+        generate(engine, [prompt_tokens(engine, prompt_len, 2000 + i)], greedy_params(1))
     return float(np.median([r.duration for r in engine.trace]))
 
 
-def _ms(seconds) -> float:
+def to_ms(seconds) -> float:
     return float(seconds) * 1e3 if seconds is not None else math.nan
 
 
@@ -51,13 +51,13 @@ def _ms(seconds) -> float:
 def unloaded_latency(engine_or_llm, input_len: int, output_len: int = 16, repeats: int = 3) -> dict:
     """TTFT and TPOT (s) of one request running alone here, median of `repeats` (measured)."""
     engine = fresh_engine(engine_or_llm, enable_prefix_caching=False)
-    outs = [generate(engine, [_tokens(engine, input_len, 5000 + i)], greedy_params(output_len))[0]
+    outs = [generate(engine, [prompt_tokens(engine, input_len, 5000 + i)], greedy_params(output_len))[0]
             for i in range(repeats)]
     return {"ttft": float(np.median([ttft(o) for o in outs])),
             "tpot": float(np.median([tpot(o) for o in outs]))}
 
 
-def _round_up(x: float) -> float:
+def round_up(x: float) -> float:
     """Two significant digits, rounded up: an SLO a person would write down."""
     e = 10 ** (math.floor(math.log10(x)) - 1)
     return math.ceil(x / e - 1e-9) * e
@@ -68,7 +68,7 @@ def unloaded_slo(engine_or_llm, input_len: int, ttft_factor: float = 5.0,
     """An SLO this device meets when idle and misses when overloaded: TTFT <= ttft_factor x and
     TPOT <= tpot_factor x those of one request with an input_len prompt running alone (measured)."""
     alone = unloaded_latency(engine_or_llm, input_len)
-    return {"ttft": _round_up(ttft_factor * alone["ttft"]), "tpot": _round_up(tpot_factor * alone["tpot"])}
+    return {"ttft": round_up(ttft_factor * alone["ttft"]), "tpot": round_up(tpot_factor * alone["tpot"])}
 
 
 def measure_workload(engine_or_llm, workload: Workload, progress: bool = True,

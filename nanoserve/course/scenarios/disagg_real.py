@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from nanoserve.config import EngineConfig
-from nanoserve.course.scenarios.common import _ms, _round_up
+from nanoserve.course.scenarios.common import round_up, to_ms
 from nanoserve.course.scenarios.interference import InterferenceSetup, interference_setup
 from nanoserve.course.scenarios.serving import DeviceModel, calibrate_device
 from nanoserve.course.setup import Table, engine_of
@@ -90,7 +90,7 @@ def real_setup(llm, model: str, num_decoders: int, long_prompt_len: int, num_lon
     config = EngineConfig(block_size=bs, num_kv_blocks=blocks + 16, enable_prefix_caching=False,
                           max_num_batched_tokens=budget, max_num_seqs=max(len(inter.workload), 2))
     return RealSetup(model, dtype_name(engine.dtype), torch.device(engine.device).type, config, inter,
-                     {"itl_p99": _round_up(itl_factor * inter.decode_step)}, cpus)
+                     {"itl_p99": round_up(itl_factor * inter.decode_step)}, cpus)
 
 
 def _settled(inter: InterferenceSetup) -> InterferenceSetup:
@@ -101,7 +101,7 @@ def _settled(inter: InterferenceSetup) -> InterferenceSetup:
     reqs = [replace(r, params=replace(r.params, max_tokens=r.params.max_tokens + more))
             for r in reqs[:inter.num_decoders]] + \
         [replace(r, arrival_time=r.arrival_time + lead) for r in reqs[inter.num_decoders:]]
-    desc = (f"{inter.workload.description}; long prompts {_ms(lead):.0f} ms later, decoders {more} "
+    desc = (f"{inter.workload.description}; long prompts {to_ms(lead):.0f} ms later, decoders {more} "
             "tokens longer")
     return replace(inter, workload=Workload(inter.workload.name, desc, reqs))
 
@@ -189,15 +189,15 @@ def layout_row(name: str, outputs, num_decoders: int, slo: dict) -> dict:
     gaps = np.asarray([g for o in decs if completed(o) for g in itls(o)] or [math.nan])
     firsts = np.asarray([ttft(o) for o in longs if completed(o)] or [math.nan])
     m = compute_metrics(outputs, slo=slo)
-    return {"layout": name, "decoder ITL p50 (ms)": _ms(np.median(gaps)),
-            "decoder ITL p99 (ms)": _ms(np.percentile(gaps, 99)), "decoder ITL max (ms)": _ms(gaps.max()),
-            "long TTFT median (ms)": _ms(np.median(firsts)),
-            "long TTFT p99 (ms)": _ms(np.percentile(firsts, 99)),
+    return {"layout": name, "decoder ITL p50 (ms)": to_ms(np.median(gaps)),
+            "decoder ITL p99 (ms)": to_ms(np.percentile(gaps, 99)), "decoder ITL max (ms)": to_ms(gaps.max()),
+            "long TTFT median (ms)": to_ms(np.median(firsts)),
+            "long TTFT p99 (ms)": to_ms(np.percentile(firsts, 99)),
             "goodput (req/s)": m.goodput, "within SLO": f"{m.good_requests}/{len(outputs)}"}
 
 
 def _slo_text(slo: dict) -> str:
-    return ", ".join(f"{k} <= {_ms(v):g} ms" for k, v in slo.items())
+    return ", ".join(f"{k} <= {to_ms(v):g} ms" for k, v in slo.items())
 
 
 def layout_table(runs: dict[str, LayoutRun], setup: RealSetup) -> Table:
@@ -230,18 +230,18 @@ def transfer_table(points: list[TransferPoint], fit: TransferFit, run: LayoutRun
     for p in points:
         link = p.nbytes / fit.bandwidth
         rows.append({"prompt tokens": p.num_tokens, "blocks": p.num_blocks, "KV (KB)": p.nbytes / 1e3,
-                     "save (ms)": _ms(p.save), "load (ms)": _ms(p.load), "total (ms)": _ms(p.total),
-                     "per block (ms)": _ms(p.per_block), "GB/s": p.bandwidth / 1e9,
-                     "fit (ms)": _ms(fit.predict(p.nbytes)), "link model (ms)": _ms(link),
+                     "save (ms)": to_ms(p.save), "load (ms)": to_ms(p.load), "total (ms)": to_ms(p.total),
+                     "per block (ms)": to_ms(p.per_block), "GB/s": p.bandwidth / 1e9,
+                     "fit (ms)": to_ms(fit.predict(p.nbytes)), "link model (ms)": to_ms(link),
                      "link model error (%)": 100 * (link - p.total) / p.total})
     if run is not None and run.transfers and run.transfers.get(("count", "load")):
         t, n = run.transfers, run.transfers[("count", "load")]
         seconds = t[("seconds", "save")] + t[("seconds", "load")]
         rows.append({"prompt tokens": "deployment, per request", "KV (KB)": t[("bytes", "load")] / n / 1e3,
-                     "save (ms)": _ms(t[("seconds", "save")] / n),
-                     "load (ms)": _ms(t[("seconds", "load")] / n), "total (ms)": _ms(seconds / n),
+                     "save (ms)": to_ms(t[("seconds", "save")] / n),
+                     "load (ms)": to_ms(t[("seconds", "load")] / n), "total (ms)": to_ms(seconds / n),
                      "GB/s": t[("bytes", "load")] / seconds / 1e9})
-    return Table(rows, f"KV transfer through shared memory (measured); fit: {_ms(fit.latency):.2f} ms + "
+    return Table(rows, f"KV transfer through shared memory (measured); fit: {to_ms(fit.latency):.2f} ms + "
                        f"bytes / {fit.bandwidth / 1e9:.3g} GB/s", ".3g")
 
 

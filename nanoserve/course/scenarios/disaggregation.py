@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from nanoserve.config import EngineConfig
-from nanoserve.course.scenarios.common import _ms
+from nanoserve.course.scenarios.common import to_ms
 from nanoserve.course.scenarios.serving import DeviceModel
 from nanoserve.course.setup import Table
 from nanoserve.engine.kv_cache import kv_bytes_per_token
@@ -25,8 +25,8 @@ def validation_table(model: DeviceModel, workload: Workload, measured: bench.Ben
     for k in ("ttft", "itl", "e2e"):
         for stat in ("median", "p99"):
             a, b = getattr(getattr(mm, k), stat), getattr(getattr(ms, k), stat)
-            rows.append({"metric": f"{k.upper()} {stat}", "measured (ms)": _ms(a),
-                         "modelled (ms)": _ms(b), "error (%)": 100 * (b - a) / a if a else math.nan})
+            rows.append({"metric": f"{k.upper()} {stat}", "measured (ms)": to_ms(a),
+                         "modelled (ms)": to_ms(b), "error (%)": 100 * (b - a) / a if a else math.nan})
     return Table(rows, f"{workload.name}: {measured.device_label} vs {model.label}", ".1f")
 
 
@@ -42,10 +42,10 @@ def kv_transfer_table(model_name: str = "llama-3-8b", device: str = "H100-SXM",
     rows = []
     for n in prompt_lens:
         row = {"prompt tokens": n, "KV (MB)": n * per_tok / 1e6,
-               f"prefill on {prof.name} (ms)": _ms(cm.step_time(step_cost(cfg, [(n, n, True)],
+               f"prefill on {prof.name} (ms)": to_ms(cm.step_time(step_cost(cfg, [(n, n, True)],
                                                                           dtype_bytes(dtype)), 1))}
         for key, link in LINKS.items():
-            row[f"{link.name} (ms)"] = _ms(n * per_tok / link.bandwidth)
+            row[f"{link.name} (ms)"] = to_ms(n * per_tok / link.bandwidth)
         rows.append(row)
     return Table(rows, f"{model_name} KV transfer vs prefill (modelled: datasheet figures)", ".3g")
 
@@ -141,8 +141,8 @@ def layout_table(study: DisaggStudy, num_prefill: int, link_bandwidth: float,
     rows = []
     for name, res in layouts.items():
         m = compute_metrics(res.outputs)
-        rows.append({"layout": name, "TTFT p50 (ms)": _ms(m.ttft.median),
-                     "TTFT p90 (ms)": _ms(m.ttft.p90),
-                     "TPOT p50 (ms)": _ms(m.tpot.median), "ITL p50 (ms)": _ms(m.itl.median),
-                     "ITL p99 (ms)": _ms(m.itl.p99), "requests/s": m.request_throughput})
+        rows.append({"layout": name, "TTFT p50 (ms)": to_ms(m.ttft.median),
+                     "TTFT p90 (ms)": to_ms(m.ttft.p90),
+                     "TPOT p50 (ms)": to_ms(m.tpot.median), "ITL p50 (ms)": to_ms(m.itl.median),
+                     "ITL p99 (ms)": to_ms(m.itl.p99), "requests/s": m.request_throughput})
     return Table(rows, f"{study.rates[rate_index]:.3g} requests/s offered, {study.label}", ".1f")

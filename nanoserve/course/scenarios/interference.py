@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nanoserve.course.scenarios.common import _ms, _tokens, measure_decode_step, measure_prefill
+from nanoserve.course.scenarios.common import measure_decode_step, measure_prefill, prompt_tokens, to_ms
 from nanoserve.course.setup import Table, engine_of, fresh_engine, generate
 from nanoserve.measure import bench
 from nanoserve.measure.figures import device_label
@@ -31,8 +31,8 @@ class InterferenceSetup:
     def describe(self) -> str:
         return (f"{self.num_decoders} decoders from t=0; {len(self.long_ids)} prompts of "
                 f"{self.long_prompt_len} tokens arriving every {self.gap:.2f} s. Measured: decoders "
-                f"get a token every {_ms(self.decode_step):.1f} ms; one long prefill takes "
-                f"{_ms(self.long_prefill):.0f} ms.")
+                f"get a token every {to_ms(self.decode_step):.1f} ms; one long prefill takes "
+                f"{to_ms(self.long_prefill):.0f} ms.")
 
 
 def interference_setup(engine_or_llm, num_decoders: int, long_prompt_len: int, num_long: int = 3,
@@ -69,8 +69,8 @@ def warm_chunked_prefill(engine_or_llm, budget: int, decoder_prompt_len: int = 1
     stall that later runs did not), which must not land in the first timed run."""
     engine = fresh_engine(engine_or_llm, enable_prefix_caching=False, enable_chunked_prefill=True,
                           max_num_batched_tokens=budget)
-    decoders = [_tokens(engine, decoder_prompt_len, 3000 + i) for i in range(2)]
-    generate(engine, [*decoders, _tokens(engine, 2 * budget + 1, 3002)], greedy_params(4))
+    decoders = [prompt_tokens(engine, decoder_prompt_len, 3000 + i) for i in range(2)]
+    generate(engine, [*decoders, prompt_tokens(engine, 2 * budget + 1, 3002)], greedy_params(4))
     return engine
 
 
@@ -100,11 +100,11 @@ class InterferenceRun:
 
     def summary(self) -> dict:
         gaps, firsts = self.decoder_itls(), self.long_ttfts()
-        return {"run": self.label, "decoder ITL p50 (ms)": _ms(np.median(gaps)),
-                "decoder ITL p99 (ms)": _ms(np.percentile(gaps, 99)),
-                "decoder ITL max (ms)": _ms(gaps.max()),
-                "long TTFT median (ms)": _ms(np.median(firsts)),
-                "long TTFT max (ms)": _ms(firsts.max()),
+        return {"run": self.label, "decoder ITL p50 (ms)": to_ms(np.median(gaps)),
+                "decoder ITL p99 (ms)": to_ms(np.percentile(gaps, 99)),
+                "decoder ITL max (ms)": to_ms(gaps.max()),
+                "long TTFT median (ms)": to_ms(np.median(firsts)),
+                "long TTFT max (ms)": to_ms(firsts.max()),
                 "steps": len(self.result.trace)}
 
 

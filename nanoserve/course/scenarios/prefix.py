@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanoserve.course.scenarios.common import _ms, _tokens, measure_prefill
+from nanoserve.course.scenarios.common import measure_prefill, prompt_tokens, to_ms
 from nanoserve.course.setup import Table, engine_of, fresh_engine, generate
 from nanoserve.engine import LLM
 from nanoserve.measure import bench
@@ -33,7 +33,7 @@ def shared_prompt_demo(llm: LLM, shared: str, own: Sequence[str], max_tokens: in
         o = llm.generate([prompt], params)[0]
         off = generate(uncached, [list(o.prompt_token_ids)], params)[0]
         rows.append({"own text": text.strip()[:40], "prompt tokens": len(o.prompt_token_ids),
-                     "from cache": o.num_cached_tokens, "TTFT (ms)": _ms(ttft(o)),
+                     "from cache": o.num_cached_tokens, "TTFT (ms)": to_ms(ttft(o)),
                      "continuation": (o.text or "(no tokenizer: ids)").strip().replace("\n", " / ")[:60],
                      "same tokens, cache off": "yes" if list(off.token_ids) == list(o.token_ids) else "NO"})
     return Table(rows, "One shared opening, then each request's own text, one request at a time; "
@@ -88,7 +88,7 @@ def prefix_summary(result: bench.BenchResult) -> dict:
             "hit rate (%)": 100 * cached / prompt if prompt else math.nan,
             "prompt tokens": prompt,
             "prefill tokens computed": sum(r.num_prefill_tokens for r in result.trace),
-            "TTFT p50 (ms)": _ms(m.ttft.median), "TTFT p90 (ms)": _ms(m.ttft.p90),
+            "TTFT p50 (ms)": to_ms(m.ttft.median), "TTFT p90 (ms)": to_ms(m.ttft.p90),
             "duration (s)": result.duration}
 
 
@@ -117,11 +117,11 @@ def eviction_sweep(engine_or_llm, num_kv_blocks: int, prefix_len: int, unrelated
     points = []
     for n in tqdm(counts, desc="unrelated traffic", unit="run", disable=not progress):
         engine = fresh_engine(engine_or_llm, num_kv_blocks=num_kv_blocks, enable_prefix_caching=True)
-        prefix = _tokens(engine, prefix_len, 3000)
-        generate(engine, [prefix + _tokens(engine, 8, 3001)], greedy_params(2))
-        others = [_tokens(engine, unrelated_len, 4000 + i) for i in range(n)]
+        prefix = prompt_tokens(engine, prefix_len, 3000)
+        generate(engine, [prefix + prompt_tokens(engine, 8, 3001)], greedy_params(2))
+        others = [prompt_tokens(engine, unrelated_len, 4000 + i) for i in range(n)]
         for p in others:  # one at a time: the cache sees them in order, as a stream of traffic
             generate(engine, [p], greedy_params(1))
-        back = generate(engine, [prefix + _tokens(engine, 8, 3002)], greedy_params(2))[0]
+        back = generate(engine, [prefix + prompt_tokens(engine, 8, 3002)], greedy_params(2))[0]
         points.append(EvictionPoint(n, n * unrelated_len, back.num_cached_tokens, ttft(back)))
     return points

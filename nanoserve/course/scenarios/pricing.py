@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nanoserve.course.scenarios.common import _ms, _round_up, measure_workload, unloaded_latency
+from nanoserve.course.scenarios.common import measure_workload, round_up, to_ms, unloaded_latency
 from nanoserve.course.scenarios.prefix import prefix_summary
 from nanoserve.course.setup import Table, device_kind, engine_of
 from nanoserve.measure import bench
@@ -54,7 +54,7 @@ def cost_rows(runs: dict, price_per_hour: float, slo: dict | None = None) -> Tab
         c = run_cost(r, price_per_hour)
         m = r.metrics(slo)
         row = {"max_num_seqs": name, "tok/s out": m.output_throughput,
-               "TPOT p50 (ms)": _ms(m.tpot.median), "$/1M in": c.usd_per_1m_input,
+               "TPOT p50 (ms)": to_ms(m.tpot.median), "$/1M in": c.usd_per_1m_input,
                "$/1M out": c.usd_per_1m_output, "out/in": c.output_input_ratio}
         if slo is not None:
             e = _evaluate(name, m, price_per_hour)
@@ -68,7 +68,7 @@ def cost_rows(runs: dict, price_per_hour: float, slo: dict | None = None) -> Tab
 def tpot_slo(engine_or_llm, input_len: int, factor: float = 2.0) -> dict:
     """A streaming-speed SLO for offline runs (where TTFT is queueing by construction): TPOT <=
     factor x the TPOT of one request running alone here (measured)."""
-    return {"tpot": _round_up(factor * unloaded_latency(engine_or_llm, input_len)["tpot"])}
+    return {"tpot": round_up(factor * unloaded_latency(engine_or_llm, input_len)["tpot"])}
 
 
 @dataclass

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from nanoserve.config import EngineConfig
-from nanoserve.course.scenarios.common import _ms, measure_workload
+from nanoserve.course.scenarios.common import measure_workload, to_ms
 from nanoserve.course.setup import Table, engine_of, fresh_engine
 from nanoserve.measure import bench
 from nanoserve.measure.figures import device_label
@@ -108,7 +108,7 @@ def metrics_table(results: dict, slo: dict | None = None) -> Table:
                "out tok (mean)": m.total_output_tokens / max(m.completed, 1)}
         for k in ("ttft", "tpot", "itl", "e2e"):
             s = getattr(m, k)
-            row[f"{k.upper()} p50"], row[f"{k.upper()} p99"] = _ms(s.median), _ms(s.p99)
+            row[f"{k.upper()} p50"], row[f"{k.upper()} p99"] = to_ms(s.median), to_ms(s.p99)
         if slo is not None:
             row["goodput (req/s)"], row["attained (%)"] = m.goodput, 100 * m.slo_attainment
         rows.append(row)
@@ -132,7 +132,7 @@ def stratified_table(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 
         for name, st in strat.items():
             s = next((s for s in st.strata if s.label == lab), None)
             row[f"{name}: n"] = s.num_requests if s else 0
-            row[f"{name}: median {metric} (ms)"] = _ms(s.summary.median) if s else math.nan
+            row[f"{name}: median {metric} (ms)"] = to_ms(s.summary.median) if s else math.nan
         rows.append(row)
     return Table(rows, f"{metric.upper()} stratified by {by} length", ".1f")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def _show(out, draw) -> None:
+def show_figure(out, draw) -> None:
     """Replace what an ipywidgets Output shows with the figure `draw()` returns, as one PNG.
 
     The figure goes into `out.outputs` in one state update (the kernel sends it; nothing answers).
@@ -33,7 +33,7 @@ def _show(out, draw) -> None:
                              "text/plain": f"<Figure size {w:.0f}x{h:.0f} with {len(fig.axes)} Axes>"}},)
 
 
-def _log(ax, which: str = "x") -> None:
+def log_axis(ax, which: str = "x") -> None:
     """A log axis labelled with plain numbers (0.01, 20, 300) instead of powers of ten; minor
     ticks (2, 3, 5 x a decade) are labelled only when the axis spans under two decades."""
     from matplotlib.ticker import FuncFormatter
@@ -49,7 +49,7 @@ def _log(ax, which: str = "x") -> None:
     axis.set_minor_formatter(FuncFormatter(minor))
 
 
-def _ccdf(ax, values_ms, **kw) -> None:
+def plot_ccdf(ax, values_ms, **kw) -> None:
     """Fraction of samples longer than x, on log-log axes: the tail is where a spike shows."""
     x = np.sort(np.asarray(values_ms, dtype=float))
     if len(x):

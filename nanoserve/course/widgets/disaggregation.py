@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nanoserve.course.widgets.common import _ccdf, _log, _show
+from nanoserve.course.widgets.common import log_axis, plot_ccdf, show_figure
 from nanoserve.measure.figures import get_axes
 from nanoserve.measure.metrics import completed, itl_p99, itls
 
@@ -51,8 +51,8 @@ def plot_disagg_view(data: dict, axes) -> None:
     ax_g.set_ylabel("goodput\n(requests/s within the SLO)")
     ax_t.set_ylabel("TTFT, p90 over requests\n(ms, log)")
     ax_i.set_ylabel("each request's p99 ITL,\np90 over requests (ms, log)")
-    _log(ax_t, "y")
-    _log(ax_i, "y")
+    log_axis(ax_t, "y")
+    log_axis(ax_i, "y")
     for ax, what in ((ax_g, "Goodput (vLLM's)"), (ax_t, "Time to first token"),
                      (ax_i, "Inter-token latency, per request")):
         ax.set_xlabel("arrival rate (requests/s)")
@@ -103,7 +103,7 @@ def disagg_explorer(study, ttft_slo_ms: float, itl_slo_ms: float, link_bandwidth
             plot_disagg_view(compute_disagg_view(study, split.value, link.value, ttft.value, itl.value,
                                                  budget.value), axes)
             return fig
-        _show(out, fig)
+        show_figure(out, fig)
         status.value = "modelled (simulator)"
     for w in (split, link, budget, ttft, itl):
         w.observe(draw, names="value")
@@ -115,10 +115,10 @@ def plot_layout_itl(results: dict, label: str, ax=None):
     """Tail of the inter-token latency for each layout at one rate (modelled)."""
     ax = get_axes(ax, (7, 3.8))
     for (name, res), color in zip(results.items(), ["0.35", "tab:purple", "tab:green"]):
-        _ccdf(ax, [1e3 * g for o in res.outputs if completed(o) for g in itls(o)], color=color, lw=2,
+        plot_ccdf(ax, [1e3 * g for o in res.outputs if completed(o) for g in itls(o)], color=color, lw=2,
               label=name)
-    _log(ax, "x")
-    _log(ax, "y")
+    log_axis(ax, "x")
+    log_axis(ax, "y")
     ax.set_xlabel("inter-token latency x (ms, log)")
     ax.set_ylabel("fraction of gaps longer than x (log)")
     ax.grid(True, which="both", alpha=0.3)

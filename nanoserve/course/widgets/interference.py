@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from nanoserve.course.widgets.common import _ccdf, _log, _show
+from nanoserve.course.widgets.common import log_axis, plot_ccdf, show_figure
 from nanoserve.measure.figures import DECODE_COLOR, PREFILL_COLOR, get_axes
 from nanoserve.measure.metrics import completed, itls
 
@@ -30,7 +30,7 @@ def plot_itl_timeline(run, ax=None):
     ax.legend(handles=[Line2D([], [], ls="", marker=".", color=DECODE_COLOR, label="decoder token gap"),
                        Patch(color=PREFILL_COLOR, alpha=0.25, label="long prompt: arrival to first token")],
               loc="upper right", fontsize=8)
-    _log(ax, "y")
+    log_axis(ax, "y")
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel("inter-token latency (ms, log)")
     ax.grid(True, which="both", alpha=0.3)
@@ -66,7 +66,7 @@ def plot_budget_tradeoff(runs, ax=None, reference=None):
             ax.plot([at[row[0]] for row in ref], [row[col] for row in ref], marker + "--", color=grey,
                     ms=5, mfc="none", lw=0.8, label=f"reference: {name}" if col == 1 else None)
     ax.set_xticks(x, ["no\nchunking" if r.budget is None else str(r.budget) for r in runs])
-    _log(ax, "y")
+    log_axis(ax, "y")
     ax.set_xlabel("token budget per step, max_num_batched_tokens (tokens)")
     ax.set_ylabel("latency (ms, log)")
     ax.grid(True, which="both", alpha=0.3)
@@ -93,19 +93,19 @@ def plot_interference_view(data: dict, axes) -> None:
         sel = lab == data["selected"]
         kw = dict(color=DECODE_COLOR if sel else "0.75", lw=2.2 if sel else 1, zorder=3 if sel else 1,
                   label=lab if sel else None)
-        _ccdf(ax_itl, data["itl_ms"][lab], **kw)
+        plot_ccdf(ax_itl, data["itl_ms"][lab], **kw)
         t = data["ttft_ms"][lab]
         ax_ttft.plot(t, np.full(len(t), i), "o", ms=8 if sel else 5,
                      color=PREFILL_COLOR if sel else "0.7", zorder=3 if sel else 1)
-    _log(ax_itl, "x")
-    _log(ax_itl, "y")
+    log_axis(ax_itl, "x")
+    log_axis(ax_itl, "y")
     ax_itl.set_xlabel("decoder inter-token latency x (ms, log)")
     ax_itl.set_ylabel("fraction of gaps longer than x (log)")
     ax_itl.grid(True, which="both", alpha=0.3)
     ax_itl.legend(fontsize=8, loc="lower left")
     ax_itl.set_title(f"Decoders' ITL tail: {data['selected']}\n{data['device']}", fontsize=10)
     ax_ttft.set_yticks(range(len(data["labels"])), data["labels"])
-    _log(ax_ttft, "x")
+    log_axis(ax_ttft, "x")
     ax_ttft.set_xlabel("long prompt TTFT (ms, log)")
     ax_ttft.set_ylabel("run")
     ax_ttft.grid(True, which="both", alpha=0.3)
@@ -126,7 +126,7 @@ def interference_explorer(runs):
             fig, axes = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True)
             plot_interference_view(compute_interference_view(runs, slider.value), axes)
             return fig
-        _show(out, fig)
+        show_figure(out, fig)
     slider.observe(draw, names="value")
     draw()
     return W.VBox([slider, out])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nanoserve.course.widgets.common import _log
+from nanoserve.course.widgets.common import log_axis
 from nanoserve.measure.figures import PREFILL_COLOR, get_axes
 from nanoserve.measure.metrics import completed, ttft
 
@@ -30,7 +30,7 @@ def plot_prefix_compare(results: dict, axes=None):
         bx.barh(i, cached, left=computed, color="tab:green",
                 label="from the prefix cache" if i == 0 else None)
     device = results[names[-1]].device_label
-    _log(ax, "y")
+    log_axis(ax, "y")
     ax.set_xlabel("request (arrival order)")
     ax.set_ylabel("TTFT (ms, log)")
     ax.grid(True, which="both", alpha=0.3)

@@ -6,7 +6,7 @@ import numpy as np
 
 from nanoserve.course.scenarios.pricing import run_cost
 from nanoserve.course.setup import slo_text
-from nanoserve.course.widgets.common import _log, _show
+from nanoserve.course.widgets.common import log_axis, show_figure
 from nanoserve.measure.figures import DECODE_COLOR, PREFILL_COLOR
 
 
@@ -75,7 +75,7 @@ def plot_cost_view(data: dict, axes) -> None:
     for xi, v in zip(x, data["in"]):
         ax.text(xi - 0.2, v, f"${v:.3g}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, [str(r) for r in data["runs"]])
-    _log(ax, "y")
+    log_axis(ax, "y")
     ax.set_xlabel("max_num_seqs (batch cap)")
     ax.set_ylabel("USD per 1M tokens (log)")
     ax.legend(fontsize=8)
@@ -88,7 +88,7 @@ def plot_cost_view(data: dict, axes) -> None:
     bx.barh(range(len(vals)), vals, color=colors)
     bx.set_yticks(range(len(vals)), names, fontsize=8)
     bx.invert_yaxis()
-    _log(bx, "x")
+    log_axis(bx, "x")
     bx.set_xlabel("output price / input price (log)")
     bx.set_title("How much dearer an output token is,\nmeasured here vs list prices "
                  "(sources: scenarios.provider_table())", fontsize=9)
@@ -108,7 +108,7 @@ def cost_explorer(runs: dict, price_per_hour: float):
             fig, axes = plt.subplots(1, 2, figsize=(13, 4), constrained_layout=True)
             plot_cost_view(compute_cost_view(runs, price.value), axes)
             return fig
-        _show(out, fig)
+        show_figure(out, fig)
     price.observe(draw, names="value")
     draw()
     return W.VBox([price, out])
@@ -150,7 +150,7 @@ def plot_cost_at_slo(runs: dict, evaluations, slo: dict, axes=None):
     if good:
         bx, by = min(good, key=lambda g: g[1])
         ax_c.plot([bx], [by], "*", ms=20, mfc="none", color="k", label="cheapest within the SLO")
-    _log(ax_c, "y")
+    log_axis(ax_c, "y")
     ax_c.set_ylabel("USD per 1000 requests (log)")
     ax_c.set_title(f"Cost per request at {slo_text(slo)} (goodput: vLLM's)\n{device}", fontsize=10)
     for ax in axes:

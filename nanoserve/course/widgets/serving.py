@@ -6,7 +6,7 @@ import numpy as np
 
 from nanoserve.course.scenarios.common import measure_workload
 from nanoserve.course.setup import slo_text
-from nanoserve.course.widgets.common import _log, _show
+from nanoserve.course.widgets.common import log_axis, show_figure
 from nanoserve.measure.figures import DECODE_COLOR, MEASURED_COLOR, MODELLED_COLOR, PREFILL_COLOR, get_axes
 from nanoserve.measure.metrics import completed, itls, tpot, ttft
 
@@ -68,7 +68,7 @@ def plot_metric_distributions(result, axes=None):
         for p, ls in ((50, "-"), (90, "--"), (99, ":")):
             v = np.percentile(x, p)
             ax.axvline(v, color="0.3", ls=ls, lw=1, label=f"p{p} {v:.0f} ms")
-        _log(ax, "x")
+        log_axis(ax, "x")
         ax.set_xlabel(f"{name} (ms, log)")
         ax.set_title(f"{name}: {len(x)} {'gaps' if name == 'ITL' else 'requests'}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
@@ -163,7 +163,7 @@ def plot_dashboard(data: dict, axes, measured: dict | None = None) -> None:
         limit = data["slo"].get(slo_key)
         if limit is not None:
             ax.axvline(1e3 * limit, color="tab:red", lw=1, label=f"SLO {name} {1e3 * limit:g} ms")
-        _log(ax, "x")
+        log_axis(ax, "x")
         ax.set_xlabel(f"{name} (ms, log)")
         ax.set_ylabel(f"fraction of {per} at or below")
         ax.set_ylim(0, 1.02)
@@ -209,7 +209,7 @@ def serving_dashboard(model, engine, make_workload, slo: dict, max_rate: float):
             fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(15, 4), constrained_layout=True)
             plot_dashboard(compute_dashboard(model, make_workload, slo=slo, **params()), axes, measured)
             return fig
-        _show(out, fig)
+        show_figure(out, fig)
 
     def measure(_):
         status.value = "measuring on this device (real time)..."

@@ -1,7 +1,8 @@
-"""Random-weight presets of real model shapes, for `LLM("preset:NAME")`.
+"""Preset model shapes (ModelConfigs of real models), for `LLM("preset:NAME")` and the simulator.
 
 Timing depends on shapes, not weight values, so these let the course measure a real
-model's step times without downloading it. Shapes are copied from each model's public
+model's step times without downloading it (the model layer gives a preset random weights) and
+let the simulator cost it without importing the model layer. Shapes are copied from each model's public
 config.json; `tiny` is ours, small enough for tests.
 """
 

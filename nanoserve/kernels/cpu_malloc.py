@@ -1,12 +1,11 @@
-"""Keep freed activation memory in the process, so a CPU step does not fault in fresh pages.
+"""The CPU backend's setup: keep freed activation memory, so a step does not fault in fresh pages.
 
 torch's CPU tensors come from malloc. glibc's malloc serves a block above its mmap threshold
 (128 KiB at first, raised as big blocks are freed) with a fresh mmap, unmaps it when freed, and
 hands the top of its heap back to the OS once more than its trim threshold is free. Either way the
 next step's activations land on new pages, which the kernel faults in and zeroes 4 KiB at a time:
-a 2048-token fp32 prefill of llama-120m allocates about 100 activations of 6-34 MB, and on a
-2-core AVX-512 EPYC its step spent 280-430 ms outside the matmuls and kernels with glibc's
-defaults against 48 ms with the thresholds below (1.7 s against 2.3-2.6 s a step). vLLM's CPU
+a long prefill allocates about a hundred activations of several MB each, and the faults show as
+the "other" part of a prefill step (benchmarks/cpu_step_profile.py). vLLM's CPU
 backend asks for tcmalloc (LD_PRELOAD) for the same reason; a library cannot preload an
 allocator, but it can set glibc's two thresholds (mallopt), which is what this does.
 
