@@ -173,7 +173,7 @@ def test_no_exercise_or_solution_imports_the_answer_key():
     ("ex04", "from nanoserve.engine import Scheduler as S"),  # a re-export
     ("ex04", "class C(B):\n    def schedule(self, now):\n        return super().schedule(now)"),
     ("ex05", "class C(B):\n    def schedule(self, now):\n        return B.schedule(self, now)"),
-    ("ex05", "class C(B):\n    def schedule(self, now):\n        return Policy.schedule_running(self, 8, now)"),
+    ("ex05", "class C(B):\n    def schedule(self, now):\n        return P.schedule_running(self, 8, now)"),
     ("ex06", "from nanoserve.engine.kv_cache import hash_block"),
     ("ex06", "from nanoserve.engine import KVCacheManager"),
     ("ex07", "import nanoserve.measure.metrics as m"),
