@@ -39,6 +39,8 @@ VARIABLES = {v.name: v for v in (
                                           "'solutions' or 'exercises'"),
     EnvVar("NANOSERVE_IMPL_OVERRIDES", None, "tests and grader: 'exNN_name=/path/file.py;...', single "
                                              "exercise modules loaded from files"),
+    EnvVar("NANOSERVE_SUBMISSION", None, "tests and grader: a student's folder of exercise files to "
+                                         "grade (`nanoserve grade --submission(s)`)"),
     EnvVar("NANOSERVE_MUTANTS", None, "tests: 'all' or a comma list: grade the known-wrong exercise "
                                       "answers of tests/exercises/mutants (each must fail)"),
     EnvVar("NANOSERVE_BROWSER_TESTS", None, "tests: 1 makes a missing browser a failure, not a skip "

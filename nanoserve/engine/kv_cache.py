@@ -212,7 +212,6 @@ class KVCacheManager:
         if len(blocks) > keep:
             self.pool.free_blocks(list(reversed(blocks[keep:])))
             del blocks[keep:]
-            del self.req_to_block_ids[request.request_id][keep:]
 
     def free(self, request: Request) -> None:
         """Return a request's blocks, tail first, so its prefix outlives its suffix in the LRU."""

@@ -33,6 +33,9 @@ class ReplayingGraphs:
     def __init__(self, runner):
         self.runner = runner
 
+    def ensure(self, max_num_seqs):  # nothing to capture
+        pass
+
     def can_run(self, seqs):
         return all(s.is_decode for s in seqs)
 
@@ -55,7 +58,9 @@ def test_lesson_11_runs_only_batches_the_default_graphs_capture():
     """On CUDA every decode batch lesson 11 times replays a captured graph (none runs eagerly by
     accident and passes for 'graphs on')."""
     from nanoserve.config import EngineConfig
-    captured = max(EngineConfig().cuda_graph_batch_sizes)
+    from nanoserve.engine.cuda_graphs import capture_sizes
+    config = EngineConfig()
+    captured = max(capture_sizes(config.max_num_seqs, config.cuda_graph_batch_sizes))
     for quick in (True, False):
         s = setup.sizes("11", quick, "cuda")
         assert max(*s["batches"], *s["graph_batches"]) <= captured

@@ -70,9 +70,9 @@ def two_phases(llm, prompt_len: int, max_tokens: int, seed: int = 0) -> PhaseRun
     generate(engine, [random_prompt(engine, prompt_len, rng)], greedy_params(max_tokens))
     kinds, secs, ctxs, done = [], [], [], 0
     for rec in engine.trace[first:]:
-        (_, kind, n, _, _), = rec.entries
-        done += n
-        kinds.append(kind)
+        entry, = rec.entries
+        done += entry.num_tokens
+        kinds.append(entry.kind)
         secs.append(rec.duration)
         ctxs.append(done)
     return PhaseRun(prompt_len, kinds, secs, ctxs)

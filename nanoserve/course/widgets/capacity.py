@@ -5,7 +5,7 @@ course.experiments.capacity)."""
 from __future__ import annotations
 
 from nanoserve.course.experiments.capacity import KV_DTYPES, WEIGHT_BYTES, datasheet_capacity
-from nanoserve.course.widgets.common import _show
+from nanoserve.course.widgets.common import show_figure
 
 MODELS = ("llama-3.2-1b", "llama-3-8b", "llama-2-7b", "llama-3-70b", "qwen2.5-0.5b")
 CONTEXTS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -34,7 +34,7 @@ def kv_capacity_explorer(model: str = "llama-3-8b", context_len: int = 4096, dev
             note.value = (f"max batch <b>{cap.max_batch}</b>, decode floor <b>{1e3 * cap.floor_s:.1f} "
                           f"ms</b> a step, {cap.tokens_per_s:,.0f} tokens/s (modelled from the "
                           f"{DEVICES[pick['device'].value].name} datasheet)")
-        _show(out, lambda: plot_capacity(cap))
+        show_figure(out, lambda: plot_capacity(cap))
 
     for w in pick.values():
         w.observe(draw, names="value")
