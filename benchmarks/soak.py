@@ -9,7 +9,7 @@ at --request-rate, at most --max-concurrency in flight), and beside them --cut s
 client closes after its first chunk and --bad requests that must get a 4xx with OpenAI's error
 body. After the round, once the server is idle: the RSS, open file descriptors and threads of
 every server process (the server; for --disaggregated the router and both instances), the
-/dev/shm segments they created, and /metrics (running, waiting, KV usage). The growth per 1,000
+/dev/shm segments they created, and each engine's /metrics (running, waiting, KV usage). The growth per 1,000
 requests after --warmup-rounds is the least-squares slope of RSS over requests served.
 
 Bounded: every round has a deadline, the servers are stopped (SIGTERM, then SIGKILL) on exit,
@@ -49,9 +49,11 @@ def processes(server: ServerProcess) -> dict[str, psutil.Process]:
     """The server's processes by role: the server itself; for --disaggregated its children too."""
     root = psutil.Process(server.proc.pid)
     procs = {"server": root}
-    for child in root.children(recursive=True):
-        role = "prefill" if "kv_producer" in " ".join(child.cmdline()) else "decode"
-        procs[role] = child
+    for child in root.children():  # the instances; not a helper such as a resource tracker
+        cmd = " ".join(child.cmdline())
+        for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+            if kv_role in cmd:
+                procs[role] = child
     return procs
 
 
@@ -107,6 +109,18 @@ async def one_round(base_url: str, model: str, args, seed: int) -> dict:
             "side_errors": [a for a in answers if a not in ("cut", "4xx")][:3]}
 
 
+def metrics_urls(server: ServerProcess) -> dict[str, str]:
+    """Where /metrics is, by role: the server; for --disaggregated each instance (the router has none)."""
+    urls = {}
+    for role, p in processes(server).items():
+        cmd = p.cmdline()
+        if role == "server" and "--disaggregated" not in cmd:
+            urls[role] = server.base_url
+        elif role != "server" and "--port" in cmd:
+            urls[role] = f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
+    return urls
+
+
 def sample(server: ServerProcess) -> dict:
     procs = processes(server)
     row = {}
@@ -114,18 +128,20 @@ def sample(server: ServerProcess) -> dict:
         row[f"{role}_rss_mb"] = round(p.memory_info().rss / 1e6, 1)
         row[f"{role}_fds"], row[f"{role}_threads"] = p.num_fds(), p.num_threads()
     row["shm_segments"] = shm_segments(p.pid for p in procs.values())
-    row.update(read_metrics(server.base_url))
+    for role, url in metrics_urls(server).items():
+        row.update({f"{role}_{k}": v for k, v in read_metrics(url).items()})
     return row
 
 
-def wait_idle(base_url: str, timeout: float = 60.0) -> None:
+def wait_idle(urls, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = read_metrics(base_url)
-        if m.get("num_requests_running", 1) == 0 and m.get("num_requests_waiting", 1) == 0:
-            break
-        time.sleep(0.5)
-    time.sleep(1.0)  # the instances' metrics of a disaggregated deployment are not the router's
+    for url in urls:
+        while time.monotonic() < deadline:
+            m = read_metrics(url)
+            if m.get("num_requests_running", 1) == 0 and m.get("num_requests_waiting", 1) == 0:
+                break
+            time.sleep(0.5)
+    time.sleep(1.0)
 
 
 def slope_per_1000(xs: list[float], ys: list[float]) -> float | None:
@@ -150,7 +166,7 @@ def soak(name: str, server_args: list[str], args) -> dict:
             got = loadgen.run_sync(asyncio.wait_for(one_round(server.base_url, model, args, r),
                                                     ROUND_TIMEOUT))
             served += got["ok"] + got["failed"] + args.cut + args.bad
-            wait_idle(server.base_url)
+            wait_idle(metrics_urls(server).values())
             rows.append({"round": r, "requests": served, "seconds": round(time.perf_counter() - t0, 1),
                          **got, **sample(server)})
             print(rows[-1], flush=True)
