@@ -27,11 +27,21 @@ dense one, as above); its state_dict still has the plain `weight`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# oneDNN keeps the primitive it built for each input shape in two LRU caches (ideep's and
+# oneDNN's own, 1024 entries each by default), and a server's steps bring a new token count
+# nearly every step: filled to 1024 shapes, the caches held a few hundred MB and the server's
+# memory grew for thousands of requests (benchmarks/soak.py). Both read their capacity from the
+# environment at their first use, which comes after this import; a user's own setting wins.
+PRIMITIVE_CACHE_CAPACITY = 64
+for _var in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+    os.environ.setdefault(_var, str(PRIMITIVE_CACHE_CAPACITY))
 
 GEMV_ROWS = 2  # inputs of at most this many rows go to the GEMV, larger ones to oneDNN
 GEMV_DTYPES = (torch.float32, torch.bfloat16)

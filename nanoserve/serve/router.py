@@ -30,6 +30,7 @@ import json
 import logging
 import sys
 import time
+import weakref
 from contextlib import asynccontextmanager
 
 import httpx
@@ -118,8 +119,10 @@ class Router:
         decode = {**body, "kv_transfer_params": handoff, "stream": True,
                   "stream_options": {"include_usage": True}}
         if body.get("stream"):
-            return StreamingResponse(self._stream(first, decode, handoff, body, chat),
-                                     media_type="text/event-stream")
+            events = self._stream(first, decode, handoff, body, chat)
+            # a stream never started (the client left at once) runs no `finally`: on collection
+            weakref.finalize(events, release_kv_transfer, handoff)
+            return StreamingResponse(events, media_type="text/event-stream")
         return await self._collect(first, decode, handoff, chat)
 
     async def _decode_chunks(self, body: dict, path: str, max_chunks: int):
@@ -175,17 +178,19 @@ class Router:
     async def _stream(self, first: dict, decode: dict, handoff: dict, body: dict, chat: bool):
         rid, created, model = first["id"], first["created"], first["model"]
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        if chat:
-            yield _data(p.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}))
-            yield _data(p.chat_chunk(rid, created, model, {"content": _text(first, chat)}))
-        else:
-            yield _data(p.completion_chunk(rid, created, model, _text(first, chat)))
-        try:
+        try:  # a client that leaves during the first chunks never reaches _events' release
+            if chat:
+                yield _data(p.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}))
+                yield _data(p.chat_chunk(rid, created, model, {"content": _text(first, chat)}))
+            else:
+                yield _data(p.completion_chunk(rid, created, model, _text(first, chat)))
             async for chunk in self._events(decode, handoff, chat):
                 if chunk.get("choices") or usage:
                     yield _data({**chunk, "id": rid, "created": created})
         except UpstreamError as e:
             yield _data(p.error_body(str(e), e.status))
+        finally:
+            release_kv_transfer(handoff)  # gone already if the decode instance loaded it
         yield "data: [DONE]\n\n"
 
     async def _collect(self, first: dict, decode: dict, handoff: dict, chat: bool) -> Response:
