@@ -468,22 +468,7 @@ def sec_nanoserve_prefill(ctx):
 
 
 def sec_hf_decode(ctx):
-    import torch
-    from transformers import LogitsProcessorList
-    hf, stamps = ctx.hf(), []
-
-    def stamp(input_ids, scores):  # a logits processor: called once per step
-        ctx.sync()
-        stamps.append(time.perf_counter())
-        return scores
-
-    def step_times(prompts, n):
-        stamps.clear()
-        ids = torch.tensor(prompts, device=ctx.dev)
-        with torch.no_grad():
-            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                        do_sample=False, pad_token_id=0, logits_processor=LogitsProcessorList([stamp]))
-        return [b - a for a, b in zip(stamps, stamps[1:])]
+    step_times = more.hf_step_timer(ctx, ctx.hf())
     decode_sweep(ctx, step_times, "median time between generate steps (logits-processor stamps)")
 
 

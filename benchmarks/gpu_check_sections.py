@@ -119,10 +119,12 @@ def sec_nanoserve_prefill_sdpa(ctx, prefill_sweep) -> None:
         use_kernels(llm, paged_attention=old.paged_attention)
 
 
-def sec_hf_decode_static(ctx, decode_sweep, compiled: bool) -> None:
+def hf_step_timer(ctx, hf, **generate_kwargs):
+    """-> step_times(prompts, n): the seconds between HF generate's steps for greedy n tokens, from
+    a logits processor's stamps (called once per step)."""
     import torch
     from transformers import LogitsProcessorList
-    hf, stamps = ctx.hf(), []
+    stamps = []
 
     def stamp(input_ids, scores):
         ctx.sync()
@@ -134,9 +136,16 @@ def sec_hf_decode_static(ctx, decode_sweep, compiled: bool) -> None:
         ids = torch.tensor(prompts, device=ctx.dev)
         with torch.no_grad():
             hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                        do_sample=False, pad_token_id=0, cache_implementation="static",
-                        logits_processor=LogitsProcessorList([stamp]))
+                        do_sample=False, pad_token_id=0, logits_processor=LogitsProcessorList([stamp]),
+                        **generate_kwargs)
         return [b - a for a, b in zip(stamps, stamps[1:])]
+    return step_times
+
+
+def sec_hf_decode_static(ctx, decode_sweep, compiled: bool) -> None:
+    import torch
+    hf = ctx.hf()
+    step_times = hf_step_timer(ctx, hf, cache_implementation="static")
 
     forward = hf.forward
     if compiled:  # on a CPU dry run the eager backend: the plumbing, not inductor's minutes
