@@ -14,6 +14,26 @@ from dataclasses import dataclass, fields
 from nanoserve.env import get
 from nanoserve.errors import InvalidRequest, as_int, as_real
 
+
+def config_from(cls, value, name: str):
+    """A `cls` dataclass from itself, a dict of its fields or their JSON (the command-line flag
+    --NAME); an InvalidRequest naming `name` otherwise."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise InvalidRequest(name, f"--{name.replace('_', '-')} is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(name, f"{name}={value!r} must be a {cls.__name__}, a dict or JSON")
+    known = sorted(f.name for f in fields(cls))
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise InvalidRequest(name, f"unknown {name} field(s) {unknown}; known: {known}")
+    return cls(**value)
+
+
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
@@ -171,20 +191,7 @@ class SpeculativeConfig:
         """A SpeculativeConfig, a dict of its fields, their JSON (`--speculative-config`), or None."""
         if value is None or isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise InvalidRequest("speculative_config", f"--speculative-config is not JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise InvalidRequest("speculative_config", f"speculative_config={value!r} must be a "
-                                                       "SpeculativeConfig, a dict or JSON")
-        unknown = set(value) - {f.name for f in fields(cls)}
-        if unknown:
-            raise InvalidRequest("speculative_config", f"unknown speculative_config field(s) "
-                                                       f"{sorted(unknown)}; known: "
-                                                       f"{sorted(f.name for f in fields(cls))}")
-        return cls(**value)
+        return config_from(cls, value, "speculative_config")
 
 
 @dataclass

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import abc
 import enum
-import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
+from nanoserve.config import config_from
 from nanoserve.engine import kv_transport
 from nanoserve.errors import InvalidRequest, as_real
 
@@ -84,21 +84,7 @@ class KVTransferConfig:
     @classmethod
     def parse(cls, value) -> KVTransferConfig:
         """A KVTransferConfig, a dict of its fields, or their JSON (the command-line flag)."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise InvalidRequest("kv_transfer_config", f"--kv-transfer-config is not JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise InvalidRequest("kv_transfer_config", f"kv_transfer_config={value!r} must be a "
-                                                       "KVTransferConfig, a dict or JSON")
-        unknown = set(value) - {f.name for f in fields(cls)}
-        if unknown:
-            raise InvalidRequest("kv_transfer_config", f"unknown kv_transfer_config field(s) "
-                                                       f"{sorted(unknown)}")
-        return cls(**value)
+        return config_from(cls, value, "kv_transfer_config")
 
 
 @dataclass
