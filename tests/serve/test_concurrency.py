@@ -11,12 +11,14 @@ import httpx
 from tests.serve.conftest import metric, scheduler_state, wait_idle
 
 N_STREAMS, N_CLOSED, MAX_TOKENS = 64, 16, 40
+CLOSER_MAX_TOKENS = 1000  # far more than a fast CPU decodes before the server sees the close
 PROMPT = "<|endoftext|>KING.\n"
 
 
 async def _stream(client, base_url: str, i: int, close_after: int | None) -> dict:
     """One streamed completion; closes the connection after `close_after` token chunks."""
-    body = {"prompt": PROMPT + f"Speech {i}.", "max_tokens": MAX_TOKENS, "temperature": 0,
+    max_tokens = MAX_TOKENS if close_after is None else CLOSER_MAX_TOKENS
+    body = {"prompt": PROMPT + f"Speech {i}.", "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     got = {"tokens": 0, "done": False, "usage": None}
     async with client.stream("POST", base_url + "/v1/completions", json=body) as resp:
