@@ -47,6 +47,7 @@ from peer_systems import VLLM, HFContinuous, HFGenerate, NanoServe, vllm_availab
 from nanoserve.config import ModelConfig  # noqa: E402
 from nanoserve.measure import roofline  # noqa: E402
 from nanoserve.measure.ceilings import device_name  # noqa: E402
+from nanoserve.measure.machine_load import other_cpu_load  # noqa: E402
 from nanoserve.measure.workload import interference, shared_prefix, synthetic  # noqa: E402
 from nanoserve.model import load_model  # noqa: E402
 from nanoserve.model.loader import resolve_model_path, save_hf_checkpoint  # noqa: E402
@@ -95,25 +96,6 @@ def cpu_facts() -> dict:
     return {"cpu": model, "cores": os.cpu_count(), "avx2": "avx2" in flags,
             "avx512f": "avx512f" in flags, "avx512_bf16": "avx512_bf16" in flags,
             "amx_bf16": "amx_bf16" in flags}
-
-
-def other_cpu_load(interval: float = 1.0) -> float:
-    """CPU used by every other process over `interval` seconds, in cores (1.0: one busy core)."""
-    import psutil
-    procs = [p for p in psutil.process_iter() if p.pid != os.getpid()]
-    for p in procs:
-        try:
-            p.cpu_percent(None)  # the first call starts each process's measurement
-        except psutil.Error:
-            pass
-    time.sleep(interval)
-    total = 0.0
-    for p in procs:
-        try:
-            total += p.cpu_percent(None)
-        except psutil.Error:
-            pass
-    return total / 100
 
 
 def check_idle(where: str, require: bool, log: list) -> None:

@@ -24,6 +24,7 @@ import os
 import platform
 import re
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,27 +54,6 @@ def rounded(x, digits: int = 5):
 def compact(text: str) -> str:
     """Innermost JSON lists on one line: a point per line, not a number per line."""
     return re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
-
-
-def others_cpu(processes, psutil) -> float:
-    """CPU percent the given processes took since their counters were last read (100 = a core)."""
-    busy = 0.0
-    for p in processes:
-        try:
-            busy += p.cpu_percent(None)
-        except psutil.Error:
-            pass
-    return busy
-
-
-def sample_others(psutil, seconds: float) -> tuple[list, float]:
-    """(the other processes, the CPU percent they took over `seconds`)."""
-    import time
-    me = psutil.Process()
-    others = [p for p in psutil.process_iter() if p.pid != me.pid]
-    others_cpu(others, psutil)  # start each process's counter
-    time.sleep(seconds)
-    return others, others_cpu(others, psutil)
 
 
 def file_key(kind: str, name: str) -> str:
@@ -157,18 +137,20 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=float, default=5.0, help="seconds to sample other processes first")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    import psutil
     import torch
 
     from nanoserve.config import default_device
     from nanoserve.course import reference
     from nanoserve.course.setup import device_kind
+    from nanoserve.measure import machine_load
     from nanoserve.measure.ceilings import device_name
     name = args.name or ", ".join(filter(None, [device_name(default_device()), cpu_flags(),
                                                  f"{os.cpu_count()} cores"]))
     path = reference.DATA / f"{file_key(device_kind(), name)}.json"
     old = json.loads(path.read_text()) if path.exists() else {}
-    others, busy = sample_others(psutil, args.sample)
+    others = machine_load.OtherProcesses()
+    time.sleep(args.sample)
+    busy = 100 * others.cores()
     if busy > args.max_other_cpu:
         print(f"refusing to record: other processes took {busy:.0f}% CPU over {args.sample:g} s "
               f"(limit --max-other-cpu {args.max_other_cpu:g}; 100 = one core). Close them and rerun.",
@@ -183,7 +165,7 @@ def main(argv=None) -> int:
             torch.set_num_threads(threads)  # quick mode's load_llm drops to 1, as in the lessons
             entry = measure(lesson, mode == "quick")
             modes.setdefault(mode, {})[lesson] = {**entry, "torch_threads": torch.get_num_threads()}
-    busy = others_cpu(others, psutil)  # their average over the whole measurement
+    busy = 100 * others.cores()  # their average over the whole measurement
     if busy > args.max_other_cpu:
         print(f"not recorded: other processes took {busy:.0f}% CPU while measuring (limit "
               f"{args.max_other_cpu:g}); {path.name} is unchanged. Rerun on an idle machine.",

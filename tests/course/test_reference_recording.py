@@ -27,10 +27,21 @@ def write(folder, name, kind, sizes, points):
     reference._load.cache_clear()
 
 
+def other_processes(monkeypatch, *readings):
+    """Other processes that take readings[0] cores before the measurement, readings[1] during it."""
+    from nanoserve.measure import machine_load
+    values = iter(readings)
+
+    class Fake:
+        def cores(self):
+            return next(values)
+    monkeypatch.setattr(machine_load, "OtherProcesses", Fake)
+
+
 def test_refuses_to_record_on_a_busy_machine(monkeypatch, tmp_path, capsys):
     rr = script()
     monkeypatch.setattr(reference, "DATA", tmp_path)
-    monkeypatch.setattr(rr, "sample_others", lambda psutil, seconds: ([], 180.0))
+    other_processes(monkeypatch, 1.8)
     measured = []
     monkeypatch.setattr(rr, "measure", lambda lesson, quick: measured.append(lesson))
     assert rr.main(["--modes", "quick", "--lessons", "05", "--sample", "0"]) == 3
@@ -41,10 +52,9 @@ def test_refuses_to_record_on_a_busy_machine(monkeypatch, tmp_path, capsys):
 def test_refuses_to_write_when_others_ran_during_the_measurement(monkeypatch, tmp_path, capsys):
     rr = script()
     monkeypatch.setattr(reference, "DATA", tmp_path)
-    monkeypatch.setattr(rr, "sample_others", lambda psutil, seconds: ([], 2.0))
-    monkeypatch.setattr(rr, "others_cpu", lambda processes, psutil: 95.0)
+    other_processes(monkeypatch, 0.02, 0.95)
     monkeypatch.setattr(rr, "measure", lambda lesson, quick: {"sizes": {}, "series": {}})
-    assert rr.main(["--name", "box", "--modes", "quick", "--lessons", "05"]) == 3
+    assert rr.main(["--name", "box", "--modes", "quick", "--lessons", "05", "--sample", "0"]) == 3
     assert "not recorded: other processes took 95% CPU while measuring" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
@@ -52,10 +62,9 @@ def test_refuses_to_write_when_others_ran_during_the_measurement(monkeypatch, tm
 def test_an_idle_machine_records_a_device_labelled_file(monkeypatch, tmp_path):
     rr = script()
     monkeypatch.setattr(reference, "DATA", tmp_path)
-    monkeypatch.setattr(rr, "sample_others", lambda psutil, seconds: ([], 1.0))
-    monkeypatch.setattr(rr, "others_cpu", lambda processes, psutil: 3.0)
+    other_processes(monkeypatch, 0.01, 0.03)
     monkeypatch.setattr(rr, "measure", lambda lesson, quick: {"sizes": {"q": quick}, "series": {"s": [1]}})
-    assert rr.main(["--name", "Test Box 2", "--lessons", "05"]) == 0
+    assert rr.main(["--name", "Test Box 2", "--lessons", "05", "--sample", "0"]) == 0
     (path,) = tmp_path.iterdir()
     assert path.name == "cpu-test-box-2.json"
     data = json.loads(path.read_text())
