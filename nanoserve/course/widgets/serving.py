@@ -212,7 +212,8 @@ def serving_dashboard(model, engine, make_workload, slo: dict, max_rate: float):
                                if model.config.max_num_batched_tokens in (32, 64, 128, 256, 512, 1024, 2048)
                                else 512, description="max_num_batched_tokens", continuous_update=False,
                                style={"description_width": "initial"})
-    button = W.Button(description="measure this point live", icon="play")
+    # wide enough for its label at JupyterLab's width (the default 148 px cuts it short)
+    button = W.Button(description="measure this point live", icon="play", layout=W.Layout(width="auto"))
     status = W.HTML("modelled (calibrated simulator); the button measures on this device")
     out = W.Output()
     state = {"measured": None}

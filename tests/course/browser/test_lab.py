@@ -79,6 +79,16 @@ def move_slider(scope, handle_index: int = 0, key: str = "ArrowRight"):
     handle.press(key)
 
 
+def screenshot_figures(page, artifacts, number: str) -> int:
+    """Each figure of the lesson as the learner sees it, into test-artifacts/ to look at. -> how many."""
+    figures = page.locator(".jp-OutputArea-output img")
+    for i in range(figures.count()):
+        figures.nth(i).scroll_into_view_if_needed()
+        assert figures.nth(i).evaluate("i => i.naturalWidth") > 200, f"figure {i} did not load"
+        figures.nth(i).screenshot(path=str(artifacts / f"lab_{number}_figure_{i}.png"))
+    return figures.count()
+
+
 def wait_changed(img, before: str, timeout: float = 120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -108,6 +118,7 @@ def test_lesson_runs_and_its_widget_responds(browser, lab, artifacts, number):
         after = wait_changed(img, before)
         assert after != before
         box.screenshot(path=str(artifacts / f"lab_{number}_after.png"))
+        screenshot_figures(page, artifacts, number)
     finally:
         page.screenshot(path=str(artifacts / f"lab_{number}_page.png"))
         page.close()
@@ -122,12 +133,7 @@ def test_lesson_runs_and_its_figures_show(browser, lab, artifacts, number):
         open_notebook(page, lab, path)
         run_all(page)
         assert not errors(page), errors(page)
-        figures = page.locator(".jp-OutputArea-output img")
-        assert figures.count() > 0, "no figure in the outputs"
-        for i in range(figures.count()):  # each as the learner sees it, to look at afterwards
-            figures.nth(i).scroll_into_view_if_needed()
-            assert figures.nth(i).evaluate("i => i.naturalWidth") > 200, f"figure {i} did not load"
-            figures.nth(i).screenshot(path=str(artifacts / f"lab_{number}_figure_{i}.png"))
+        assert screenshot_figures(page, artifacts, number) > 0, "no figure in the outputs"
     finally:
         page.screenshot(path=str(artifacts / f"lab_{number}_page.png"))
         page.close()
