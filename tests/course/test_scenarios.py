@@ -210,7 +210,7 @@ def test_the_weeks_under_load_arrive_at_the_rate_asked_and_run_more_at_once(llm)
     assert [(r["condition"], r["week"]) for r in rows] == [
         ("idle", "before"), ("idle", "after"), ("under load", "before"), ("under load", "after")]
     assert rows[2]["rate (req/s)"] > 2 * rows[0]["rate (req/s)"]
-    assert all(r["running per step (mean)"] >= 1 for r in rows)
+    assert all(r["running per step (mean)"] > 0 for r in rows)
     e2e = [S.metrics_table(w).rows for w in (idle, loaded)]
     assert S.p50_ratio(idle, "e2e") == pytest.approx(e2e[0][1]["E2E p50"] / e2e[0][0]["E2E p50"], rel=1e-6)
 
