@@ -7,11 +7,12 @@ import math
 
 
 def compare(prediction, measured, what: str, unit: str = "") -> str:
-    """'you predicted 8x, measured 5.2x: 1.5x too high'. A dict compares key by key; None or ...
-    (the cell left as it came) just reports the measurement."""
+    """'you predicted 8x, measured 5.2x: 1.5x too high'. A dict compares key by key (`what`, if
+    given, before each key); None or ... (the cell left as it came) just reports the measurement."""
     if isinstance(measured, dict):
         guesses = prediction if isinstance(prediction, dict) else {}
-        return "\n".join(compare(guesses.get(k), v, f"{what}, {k}", unit) for k, v in measured.items())
+        return "\n".join(compare(guesses.get(k), v, f"{what}, {k}" if what else k, unit)
+                         for k, v in measured.items())
     got = f"{measured:.3g}{unit}" if isinstance(measured, float) else f"{measured}{unit}"
     if prediction is None or prediction is Ellipsis:
         return f"{what}: measured {got} (write your guess into the prediction cell first, next time)"

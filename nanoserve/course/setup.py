@@ -98,16 +98,19 @@ SIZES: dict[str, dict[str, dict]] = {
                      output_len=32, evict_blocks=1024, evict_prefix_len=4096,
                      evict_unrelated_len=2032, evict_counts=(0, 2, 4, 5, 6, 7, 8, 10)),
     },
+    # shift_load: the loaded weeks' rate, a fraction of the measured capacity; ttft_inputs: the
+    # prompt lengths of the TTFT sweep (shortest, longest, how many)
     "07": {
         "quick": dict(num_requests=16, input_median=64, output_median=24,
                       short_output_median=8, rate_fractions=(0.4, 0.8, 1.2), sweep_requests=12,
-                      real_chats=6, real_chat_max_tokens=48),
+                      real_chats=6, real_chat_max_tokens=48, shift_load=0.8, ttft_inputs=(16, 1024, 8)),
         "cpu": dict(num_requests=16, input_median=64, output_median=24,
                     short_output_median=8, rate_fractions=(0.3, 0.6, 0.9, 1.2), sweep_requests=24,
-                    real_chats=12, real_chat_max_tokens=96),
+                    real_chats=12, real_chat_max_tokens=96, shift_load=0.8, ttft_inputs=(32, 2048, 9)),
         "cuda": dict(num_requests=100, input_median=512, output_median=96,
                      short_output_median=32, rate_fractions=(0.3, 0.6, 0.9, 1.2), sweep_requests=150,
-                     real_chats=12, real_chat_max_tokens=128),
+                     real_chats=12, real_chat_max_tokens=128, shift_load=0.8,
+                     ttft_inputs=(128, 16384, 10)),
     },
     "08": {
         "quick": dict(num_requests=8, input_len=96, output_len=16, caps=(1, 4, 8)),
@@ -125,17 +128,19 @@ SIZES: dict[str, dict[str, dict]] = {
                      sim_requests=300, rates=5, datasheet_requests=120),
     },
     # model: what the server and the in-process LLM load (the demo model in quick mode: text in
-    # and out); name: the served model name
+    # and out); name: the served model name; chat_*: the chat with the real model, its own server
     "10": {
         "quick": dict(model=DEMO_MODEL_DIR, name="demo-model", input_len=32, output_len=8,
                       sweep_requests=8, rate_fractions=(0.3, 0.6, 0.9), batch1_requests=4, streams=16,
-                      server_args=("--served-model-name", "demo-model", "--num-kv-blocks", "256")),
+                      server_args=("--served-model-name", "demo-model", "--num-kv-blocks", "256"),
+                      chat_questions=1, chat_max_tokens=24),
         "cpu": dict(model="preset:llama-120m", name="preset:llama-120m", input_len=128, output_len=32,
                     sweep_requests=24, rate_fractions=(0.2, 0.4, 0.6, 0.8, 1.0), batch1_requests=8,
-                    streams=64, server_args=()),
+                    streams=64, server_args=(), chat_questions=3, chat_max_tokens=64),
         "cuda": dict(model="preset:llama-3.2-1b", name="preset:llama-3.2-1b", input_len=512,
                      output_len=128, sweep_requests=200, rate_fractions=(0.2, 0.4, 0.6, 0.8, 1.0),
-                     batch1_requests=16, streams=64, server_args=()),
+                     batch1_requests=16, streams=64, server_args=(), chat_questions=3,
+                     chat_max_tokens=96),
     },
     # batches: the step profile's and host split's decode batches; graph_batches: CUDA graphs on
     # and off (all within the default capture sizes); pre_*: the preemption study's requests

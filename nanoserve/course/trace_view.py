@@ -1,6 +1,7 @@
-"""One step at a time: what the scheduler decided and what the KV cache did, for lessons 02-04.
+"""One step at a time: what the scheduler decided and what the KV cache did, for lessons 02-06.
 
-`trace_requests` queues a few requests on a fresh engine and steps it by hand. Each step's
+`trace_requests` queues a few requests on a fresh engine (all at once, or each before a given
+step) and steps it by hand. Each step's
 record is the engine's own step trace (engine/trace.py: which request ran how many tokens from
 which position); around every step it reads the KV cache manager (blocks each request holds,
 free blocks) and the scheduler's counters (prefix-cache hits, preemptions), so a lesson can show
@@ -32,10 +33,16 @@ class StepView:
     blocks: dict[str, tuple[int, int]]  # request id -> blocks held (before, after) the step
     prefix_hits: dict[str, int] = field(default_factory=dict)  # tokens reused at admission
     finished: list[str] = field(default_factory=list)
+    block_size: int = 16
+
+    def shared(self, request_id: str) -> int:
+        """Blocks the request took from the prefix cache at admission in this step."""
+        return self.prefix_hits.get(request_id, 0) // self.block_size
 
     @property
     def allocated(self) -> int:
-        return sum(max(0, b - a) for a, b in self.blocks.values())
+        """Blocks taken from the free pool (blocks shared from the prefix cache not counted)."""
+        return sum(max(0, b - a) - self.shared(r) for r, (a, b) in self.blocks.items())
 
     @property
     def freed(self) -> int:
@@ -57,12 +64,16 @@ class StepView:
                     f"prefills {e.num_tokens} tokens, positions {e.start}-{e.start + e.num_tokens - 1}")
             before, after = self.blocks.get(e.request_id, (0, 0))
             change = f"{after - before:+d} blocks" if after != before else "no new block"
+            if self.shared(e.request_id):
+                change += f", {self.shared(e.request_id)} of them shared from the prefix cache"
             sampled = ", samples a token" if e.sample else ""
             lines.append(f"  r{e.request_id} {what}{sampled}; {change} (holds {after})")
         for rid, n in self.prefix_hits.items():
-            lines.append(f"  r{rid} reused {n} prompt tokens from the prefix cache")
+            lines.append(f"  r{rid} reused {n} prompt tokens from the prefix cache: its "
+                         f"num_computed_tokens starts at {n}, not 0")
         for rid in self.finished:
-            lines.append(f"  r{rid} finished: its {self.blocks.get(rid, (0, 0))[0]} blocks go back")
+            lines.append(f"  r{rid} finished: its {self.blocks.get(rid, (0, 0))[0]} blocks go back "
+                         f"(a block another request still shares stays in use)")
         for rid in r.preempted:
             lines.append(f"  r{rid} was preempted: its blocks go back, it will be recomputed")
         lines.append(f"  free blocks {self.free_before} -> {self.free_after}; "
@@ -94,21 +105,41 @@ class StepTrace:
         return self.steps[step].describe()
 
 
-def trace_requests(engine_or_llm, prompt_lens: Sequence[int], max_tokens: int | Sequence[int],
+def trace_requests(engine_or_llm, prompt_lens: Sequence[int] | None, max_tokens: int | Sequence[int],
                    prompts: Sequence[list[int]] | None = None, max_steps: int = 200, seed: int = 0,
+                   shared_prefix: int = 0, arrival_steps: Sequence[int] | None = None,
                    **config) -> StepTrace:
-    """Queue requests with these prompt lengths (random tokens, or `prompts`) on a fresh engine
-    (EngineConfig overrides in `config`) and step it to completion or max_steps, reading the KV
-    cache manager and the scheduler's counters around every step."""
+    """Queue requests with these prompt lengths (random tokens, the first `shared_prefix` of them
+    the same in every prompt; or `prompts`) on a fresh engine (EngineConfig overrides in `config`)
+    and step it to completion or max_steps, reading the KV cache manager and the scheduler's
+    counters around every step. arrival_steps: request i is added just before step
+    arrival_steps[i] (default: all before the first)."""
     engine = fresh_engine(engine_or_llm, **config)
     rng = np.random.default_rng(seed)
-    prompts = list(prompts) if prompts is not None else [random_prompt(engine, n, rng) for n in prompt_lens]
+    if prompts is None:
+        if shared_prefix > min(prompt_lens):
+            raise ValueError(f"shared_prefix={shared_prefix} is longer than the shortest prompt "
+                             f"({min(prompt_lens)} tokens)")
+        prefix = random_prompt(engine, shared_prefix, rng)
+        prompts = [prefix + random_prompt(engine, n - shared_prefix, rng) for n in prompt_lens]
+    prompts = list(prompts)
     outs = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     if len(outs) != len(prompts):
         raise ValueError(f"max_tokens has {len(outs)} entries for {len(prompts)} prompts")
-    ids = [engine.add_request(p, greedy_params(n)) for p, n in zip(prompts, outs)]
+    arrivals = [0] * len(prompts) if arrival_steps is None else list(arrival_steps)
+    if len(arrivals) != len(prompts) or min(arrivals, default=0) < 0:
+        raise ValueError(f"arrival_steps={arrival_steps!r}: one step number >= 0 per prompt "
+                         f"({len(prompts)})")
+    pending = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+    ids: list[str] = []
     kv, views = engine.kv_manager, []
-    while engine.has_unfinished() and len(views) < max_steps:
+    while (engine.has_unfinished() or pending) and len(views) < max_steps:
+        while pending and arrivals[pending[0]] <= len(views):
+            i = pending.pop(0)
+            ids.append(engine.add_request(prompts[i], greedy_params(outs[i])))
+        if not engine.has_unfinished():  # nobody has arrived yet: the next arrival comes now
+            arrivals[pending[0]] = len(views)
+            continue
         held = {rid: len(kv.block_ids(rid)) for rid in ids}
         admitted = {rid for rid in ids if engine.requests.get(rid) is not None
                     and engine.requests[rid].num_cached_tokens < 0}
@@ -126,5 +157,5 @@ def trace_requests(engine_or_llm, prompt_lens: Sequence[int], max_tokens: int | 
         views.append(StepView(engine.trace[-1], engine.config.max_num_batched_tokens, free,
                               kv.num_free_blocks, {r: (held[r], after[r]) for r in ids
                                                    if held[r] or after[r]}, hits,
-                              [o.request_id for o in outputs if o.finished]))
+                              [o.request_id for o in outputs if o.finished], engine.config.block_size))
     return StepTrace(views, engine.num_kv_blocks, engine.config.block_size)

@@ -7,6 +7,8 @@ unit, each function draws on `ax` (a new figure when None) and returns the Figur
 
 from __future__ import annotations
 
+import textwrap
+
 from nanoserve.measure.figures import DECODE_COLOR, PREFILL_COLOR, get_axes
 
 
@@ -27,7 +29,8 @@ def plot_latency_vs_rate(sweep, label: str, axes=None):
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-        ax.set_title(f"{name.upper()} seen by the client vs load\n{label}", fontsize=10)
+        # two panels side by side: a long device label on one line runs into the other's title
+        ax.set_title(f"{name.upper()} seen by the client vs load\n{textwrap.fill(label, 60)}", fontsize=10)
     return axes[0].figure
 
 

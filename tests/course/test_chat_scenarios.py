@@ -3,6 +3,8 @@ the shared system prompt is served from the prefix cache; real lengths replay as
 
 from __future__ import annotations
 
+import pytest
+
 from nanoserve.course import scenarios
 
 
@@ -31,3 +33,24 @@ def test_replay_keeps_the_real_lengths_in_turn():
     w = make(2.0)
     assert w.input_lens == [30, 12, 30, 12, 30] and w.output_lens == [4, 9, 4, 9, 4]
     assert w.arrival_times == make(2.0).arrival_times and w.arrival_times[0] == 0.0
+
+
+@pytest.mark.slow  # a server process loads the demo model: seconds, a minute on a busy machine
+def test_offline_the_chat_server_serves_the_demo_model(monkeypatch, capsys):
+    """Lesson 10's chat: without the real model its server is the demo model's, with the same
+    max length; a streamed chat answer is stamped chunk by chunk and the server stops after."""
+    from nanoserve.course.scenarios import chat
+
+    def offline(name):
+        raise OSError(f"{name}: no network here and no cached copy")
+    monkeypatch.setattr(chat, "resolve_model_path", offline)  # the cache (built CPU ops) stays as it is
+    server = scenarios.real_model_server(max_model_len=512)
+    assert server.model is None and "--max-model-len" in server.command
+    assert "the demo model stands in" in capsys.readouterr().out
+    with server:
+        reply = scenarios.chat_over_http(server, "Who is there?", max_tokens=6, on_text=None)
+    assert server.proc.poll() is not None  # stopped with the block
+    assert reply.text and reply.finish_reason in ("stop", "length")
+    assert 1 <= reply.completion_tokens <= 6 and reply.prompt_tokens > 3  # the template wrapped it
+    assert reply.chunk_times == sorted(reply.chunk_times) and reply.ttft > 0
+    assert scenarios.replies_table([reply]).rows[0]["answer tokens"] == reply.completion_tokens

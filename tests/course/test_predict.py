@@ -17,3 +17,9 @@ def test_compare_says_how_far_off():
 def test_compare_refuses_what_is_not_a_number():
     with pytest.raises(ValueError, match="prediction='ten'"):
         compare("ten", 3.0, "gain")
+
+
+def test_a_dict_without_a_name_is_read_by_its_keys():
+    lines = compare({"hit rate (%)": 90}, {"hit rate (%)": 88.0, "TTFT p50, off / on": 4.0}, "").splitlines()
+    assert lines[0] == "hit rate (%): you predicted 90, measured 88: close"
+    assert lines[1].startswith("TTFT p50, off / on: measured 4")

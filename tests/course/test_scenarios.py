@@ -192,3 +192,52 @@ def test_disaggregation_studies(device_model, llm):
     assert [r["layout"] for r in rows] == ["colocated x2", "1P:1D over 12.5 GB/s"]
     wl = S.disagg_workload(5.0, 10, 32000)
     assert len(wl) == 10 and wl.name == "long-prompt chat"
+
+
+def test_the_weeks_under_load_arrive_at_the_rate_asked_and_run_more_at_once(llm):
+    """Lesson 07's loaded weeks: the same two workloads at a given rate; the table reads how many
+    requests ran per step from the engine's trace."""
+    idle = S.workload_shift(llm, num_requests=6, input_median=24, output_median=4,
+                            longer_output_median=16, progress=False)
+    loaded = S.workload_shift(llm, num_requests=6, input_median=24, output_median=4,
+                              longer_output_median=16, progress=False, rate=40.0)
+    for week in ("before", "after"):  # the same requests, idle and under load
+        prompts = [[list(o.prompt_token_ids) for o in w[week].outputs] for w in (idle, loaded)]
+        assert prompts[0] == prompts[1]
+    arrivals = sorted(o.metrics.arrival_time for o in loaded["before"].outputs)
+    assert 5 / (arrivals[-1] - arrivals[0]) == pytest.approx(40.0, rel=0.5)  # nearly regular, at 40/s
+    rows = S.load_table({"idle": idle, "under load": loaded}).rows
+    assert [(r["condition"], r["week"]) for r in rows] == [
+        ("idle", "before"), ("idle", "after"), ("under load", "before"), ("under load", "after")]
+    assert rows[2]["rate (req/s)"] > 2 * rows[0]["rate (req/s)"]
+    assert all(r["running per step (mean)"] > 0 for r in rows)
+    e2e = [S.metrics_table(w).rows for w in (idle, loaded)]
+    assert S.p50_ratio(idle, "e2e") == pytest.approx(e2e[0][1]["E2E p50"] / e2e[0][0]["E2E p50"], rel=1e-6)
+
+
+def test_ttft_by_input_sends_each_length_alone_shortest_first(llm):
+    sweep = S.ttft_by_input(llm, 8, 256, 4, repeats=1)
+    assert sweep.input_lens == [8, 25, 81, 256]
+    assert len(sweep.ttfts) == 4 and all(t > 0 for t in sweep.ttfts)
+    assert sweep.growth == pytest.approx(sweep.ttfts[-1] / sweep.ttfts[0])
+    with pytest.raises(ValueError, match="shortest=64, longest=32"):
+        S.ttft_by_input(llm, 64, 32, 4)
+
+
+def test_the_answers_to_the_lessons_predictions():
+    from types import SimpleNamespace
+
+    from nanoserve.course.scenarios.prefix import EvictionPoint
+    runs = [SimpleNamespace(summary=lambda: {"decoder ITL max (ms)": 100.0, "long TTFT median (ms)": 50.0}),
+            SimpleNamespace(summary=lambda: {"decoder ITL max (ms)": 10.0, "long TTFT median (ms)": 150.0})]
+    assert S.interference_answers(runs) == {"worst gap, no chunking (ms)": 100.0,
+                                            "worst gap, smallest budget (ms)": 10.0,
+                                            "long TTFT, smallest budget / no chunking": 3.0}
+    points = [EvictionPoint(n, 0, c, 0.1) for n, c in ((0, 64), (2, 64), (4, 48), (6, 0))]
+    assert S.first_eviction(points) == 4
+    assert S.first_eviction(points[:2]) == math.inf
+
+    def at(rate, goodput):
+        outs = [SimpleNamespace(metrics=SimpleNamespace(arrival_time=t / rate)) for t in range(5)]
+        return S.RatePoint(rate, SimpleNamespace(outputs=outs), goodput, goodput, 1.0)
+    assert S.peak_goodput_fraction([at(2.0, 1.9), at(4.0, 3.0), at(6.0, 2.0)], 8.0) == pytest.approx(0.5)

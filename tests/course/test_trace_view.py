@@ -45,3 +45,33 @@ def test_prefix_hits_and_preemptions_are_shown(llm):
 def test_mismatched_max_tokens_is_refused(llm):
     with pytest.raises(ValueError, match="max_tokens has 1 entries for 2 prompts"):
         trace_view.trace_requests(llm, [8, 8], [4])
+
+
+def test_a_shared_prefix_arriving_later_starts_past_the_cached_blocks(llm):
+    """Lesson 06's trace: the second request arrives at step 2, after the first one's prefill
+    cached its four full prefix blocks: its prefill starts at position 64, and only its own
+    block comes from the free pool."""
+    t = trace_view.trace_requests(llm, [80, 72], 4, shared_prefix=64, arrival_steps=[0, 2])
+    hit = next(v for v in t.steps if v.prefix_hits)
+    assert hit.record.step == 2 and hit.prefix_hits == {"1": 64}
+    first = next(e for e in hit.record.entries if e.request_id == "1")
+    assert (first.kind, first.start, first.num_tokens) == ("prefill", 64, 8)
+    assert hit.allocated == 1 == hit.free_before - hit.free_after  # 4 blocks shared, 1 new
+    assert "num_computed_tokens starts at 64" in hit.describe()
+    assert "4 of them shared from the prefix cache" in hit.describe()
+    alone = trace_view.trace_requests(llm, [80, 72], 4, shared_prefix=0, arrival_steps=[0, 2])
+    assert not any(v.prefix_hits for v in alone.steps)  # random prompts share nothing
+
+
+def test_a_chunk_shares_the_budget_with_decodes(llm):
+    """Lesson 05's trace: three decoders take one token each, the long prompt the rest."""
+    t = trace_view.trace_requests(llm, [16, 16, 16, 200], [12, 12, 12, 2], max_num_batched_tokens=64)
+    mixed = t.steps[1].record
+    assert (mixed.num_decode_tokens, mixed.num_prefill_tokens) == (3, 61)
+
+
+def test_bad_arrivals_and_prefixes_are_refused(llm):
+    with pytest.raises(ValueError, match="arrival_steps"):
+        trace_view.trace_requests(llm, [8, 8], 2, arrival_steps=[0])
+    with pytest.raises(ValueError, match="shared_prefix=20"):
+        trace_view.trace_requests(llm, [8, 30], 2, shared_prefix=20)

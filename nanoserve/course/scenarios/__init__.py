@@ -9,7 +9,8 @@ re-exported here, so a notebook writes `from nanoserve.course import scenarios` 
   common.py          probes (a decode step, a prefill, one request alone), a workload replayed
   interference.py    05: a long prefill stalls decoders; chunked prefill at several budgets
   prefix.py          06: a shared system prompt with prefix caching off and on; eviction
-  chat.py            06, 07: real chats with the real model (a shared system prompt, real lengths)
+  chat.py            06, 07, 10: real chats with the real model (a shared system prompt, real
+                     lengths, a chat over HTTP)
   serving.py         07: metrics, stratification, goodput; the simulator calibrated here
   pricing.py         08: $ per 1M input / output tokens, at a price per hour and at an SLO
   disaggregation.py  09: the simulator checked here; colocated vs disaggregated serving
@@ -25,10 +26,14 @@ from nanoserve.course.scenarios.chat import (
     QUESTIONS,
     SYSTEM_PROMPT,
     ChatModel,
+    ChatReply,
+    chat_over_http,
     lengths_table,
     load_chat_model,
     real_chat_lengths,
+    real_model_server,
     replay_maker,
+    replies_table,
     shared_system_prompt_demo,
 )
 from nanoserve.course.scenarios.common import (
@@ -50,6 +55,7 @@ from nanoserve.course.scenarios.disaggregation import (
 from nanoserve.course.scenarios.interference import (
     InterferenceRun,
     InterferenceSetup,
+    interference_answers,
     interference_grid,
     interference_setup,
     interference_table,
@@ -58,6 +64,8 @@ from nanoserve.course.scenarios.interference import (
 from nanoserve.course.scenarios.prefix import (
     EvictionPoint,
     eviction_sweep,
+    first_eviction,
+    prefix_answers,
     prefix_cache_compare,
     prefix_summary,
     prefix_table,
@@ -77,16 +85,21 @@ from nanoserve.course.scenarios.pricing import (
 )
 from nanoserve.course.scenarios.serving import (
     DeviceModel,
+    PromptSweep,
     RatePoint,
     calibrate_device,
     chat_maker,
     chat_workload,
     length_buckets,
+    load_table,
     measured_capacity,
     metrics_table,
+    p50_ratio,
+    peak_goodput_fraction,
     rate_sweep,
     simulated_rate_sweep,
     stratified_table,
+    ttft_by_input,
     workload_shift,
 )
 
@@ -99,18 +112,20 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "QUESTIONS", "SYSTEM_PROMPT", "ChatModel", "lengths_table", "load_chat_model", "real_chat_lengths",
-    "replay_maker", "shared_system_prompt_demo",
+    "QUESTIONS", "SYSTEM_PROMPT", "ChatModel", "ChatReply", "chat_over_http", "lengths_table",
+    "load_chat_model", "real_chat_lengths", "real_model_server", "replay_maker", "replies_table",
+    "shared_system_prompt_demo",
     "DeviceModel", "DisaggStudy", "EvictionPoint", "InterferenceRun", "InterferenceSetup",
-    "RatePoint", "batch_cap_runs", "calibrate_device", "calibrated_study", "chat_maker",
+    "PromptSweep", "RatePoint", "batch_cap_runs", "calibrate_device", "calibrated_study", "chat_maker",
     "chat_workload", "cost_rows", "datasheet_study", "default_price_per_hour",
-    "disagg_workload", "evaluate_caps", "eviction_sweep",
-    "interference_grid", "interference_setup", "interference_table",
+    "disagg_workload", "evaluate_caps", "eviction_sweep", "first_eviction", "prefix_answers",
+    "interference_answers", "interference_grid", "interference_setup", "interference_table",
     "kv_transfer_table", "layout_table", "length_buckets", "measure_decode_step", "measure_prefill",
-    "measure_workload", "measured_capacity", "metrics_table", "prefix_cache_compare",
+    "load_table", "measure_workload", "measured_capacity", "metrics_table", "p50_ratio",
+    "peak_goodput_fraction", "prefix_cache_compare",
     "prefix_summary", "prefix_table", "kv_memory_table", "prefix_discount_table", "provider_table",
     "rate_sweep", "run_cost",
     "run_interference", "shared_prefix_workload", "shared_prompt_demo", "simulated_rate_sweep",
-    "stratified_table", "tpot_slo", "unloaded_latency", "unloaded_slo",
+    "stratified_table", "tpot_slo", "ttft_by_input", "unloaded_latency", "unloaded_slo",
     "validation_table", "workload_shift",
 ]

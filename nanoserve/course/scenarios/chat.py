@@ -2,7 +2,9 @@
 
 Lesson 06 sends chat requests that share one system prompt, rendered by the model's own chat
 template, so the prefix the cache shares is a real one; lesson 07 asks the model real questions
-and replays the prompt and answer lengths it saw on the timing model. Without network or a cached
+and replays the prompt and answer lengths it saw on the timing model; lesson 10 chats with it
+over HTTP, through a server of its own (`real_model_server`) and a streamed
+/v1/chat/completions (`chat_over_http`), timed on the client's clock. Without network or a cached
 copy the demo model stands in (with the error that says how to fetch the real one), so a lesson
 still runs offline.
 
@@ -12,8 +14,11 @@ timing lessons need) and sampling (greedy answers, so a run repeats).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +37,7 @@ from nanoserve.model import DEMO_MODEL_DIR
 from nanoserve.model.loader import resolve_model_path
 from nanoserve.sampling_params import SamplingParams
 from nanoserve.serve.chat_template import ChatTemplate, load_chat_template
+from nanoserve.serve.launch import ServerProcess
 
 REAL_MODEL = "smollm2-135m"
 SYSTEM_PROMPT = (
@@ -70,6 +76,16 @@ class ChatModel:
         return self.template.render(messages, add_generation_prompt=True)
 
 
+def real_model_folder() -> str | None:
+    """The real model's converted folder, fetched and converted once (what `python -m nanoserve
+    fetch smollm2-135m` does), or None with a line saying why when it cannot be had."""
+    try:
+        return resolve_model_path(REAL_MODEL)
+    except (OSError, ValueError) as e:
+        print(f"{REAL_MODEL} is not available here, so the demo model stands in: {e}")
+        return None
+
+
 def load_chat_model(**config) -> ChatModel:
     """The real model (fetched and converted once), or the demo model when it cannot be had.
     config: EngineConfig fields (default: a small engine, 4 sequences of up to 1024 tokens)."""
@@ -77,10 +93,8 @@ def load_chat_model(**config) -> ChatModel:
     if quick_mode():
         import torch
         torch.set_num_threads(1)  # as setup.load_llm: CI runs two notebooks on two cores
-    try:
-        folder = resolve_model_path(REAL_MODEL)
-    except (OSError, ValueError) as e:
-        print(f"{REAL_MODEL} is not available here, so the demo model stands in: {e}")
+    folder = real_model_folder()
+    if folder is None:
         llm = LLM(None, config=EngineConfig(**config))
         return ChatModel(llm, load_chat_template(DEMO_MODEL_DIR, demo=True), "demo-model")
     return ChatModel(LLM(REAL_MODEL, config=EngineConfig(**config)), load_chat_template(folder), REAL_MODEL)
@@ -128,3 +142,85 @@ def replay_maker(engine_or_llm, lengths: Sequence[tuple[int, int]], num_requests
         return Workload("real chat lengths", f"{num_requests} requests with {len(lengths)} real chats' "
                                              f"lengths, Poisson at {rate:.2f} req/s", reqs)
     return make
+
+
+def real_model_server(max_model_len: int = 1024, startup_timeout: float = 180.0) -> ServerProcess:
+    """`nanoserve serve smollm2-135m --max-model-len N` (the demo model when the real one cannot be
+    had), not started yet: use it in a `with` block, which starts it and stops it at the end."""
+    model = REAL_MODEL if real_model_folder() is not None else None
+    return ServerProcess(model, "--max-model-len", str(max_model_len), "--max-num-seqs", "4",
+                         startup_timeout=startup_timeout)
+
+
+@dataclass
+class ChatReply:
+    """One streamed chat answer as the client saw it."""
+
+    question: str
+    text: str
+    sent: float  # perf_counter at the request's send
+    chunk_times: list[float] = field(default_factory=list)  # perf_counter at each content chunk
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.sent
+
+    @property
+    def itl(self) -> float:
+        """Mean gap between chunks (s): the TPOT the client saw."""
+        t = self.chunk_times
+        return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else float("nan")
+
+    def row(self) -> dict:
+        return {"question": self.question[:40], "prompt tokens": self.prompt_tokens,
+                "answer tokens": self.completion_tokens, "finish": self.finish_reason,
+                "TTFT (ms)": 1e3 * self.ttft, "ITL mean (ms)": 1e3 * self.itl}
+
+
+def _print_now(piece: str) -> None:
+    print(piece, end="", flush=True)
+
+
+def chat_over_http(server: ServerProcess, question: str, max_tokens: int, system: str = SYSTEM_PROMPT,
+                   on_text: Callable[[str], None] | None = _print_now, timeout: float = 60.0) -> ChatReply:
+    """POST /v1/chat/completions with stream=True (greedy, at most max_tokens): the server renders
+    the messages with the model's chat template. Each content chunk goes to `on_text` as it arrives
+    (printed, by default) and is stamped on the client's clock. timeout: seconds any one connect or
+    read may wait."""
+    import httpx
+    name = httpx.get(server.base_url + "/v1/models", timeout=timeout).json()["data"][0]["id"]
+    body = {"model": name, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+    reply, pieces = ChatReply(question, "", time.perf_counter()), []
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=timeout) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code} from {server.base_url}: {r.read().decode()[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("usage"):
+                reply.prompt_tokens = chunk["usage"].get("prompt_tokens")
+                reply.completion_tokens = chunk["usage"].get("completion_tokens")
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    reply.chunk_times.append(time.perf_counter())
+                    pieces.append(piece)
+                    if on_text is not None:
+                        on_text(piece)
+                reply.finish_reason = choice.get("finish_reason") or reply.finish_reason
+    if on_text is _print_now:
+        sys.stdout.write("\n")
+    reply.text = "".join(pieces)
+    if not reply.chunk_times:
+        raise RuntimeError(f"the server at {server.base_url} streamed no text for {question!r}")
+    return reply
+
+
+def replies_table(replies: Sequence[ChatReply]) -> Table:
+    return Table([r.row() for r in replies], "Chats over HTTP, timed on the client's clock (measured)", ".1f")

@@ -136,3 +136,14 @@ def interference_grid(engine_or_llm, setup: InterferenceSetup, budgets: Sequence
 
 def interference_table(runs: Sequence[InterferenceRun]) -> Table:
     return Table([r.summary() for r in runs], f"Interference, {runs[0].result.device_label}", ".1f")
+
+
+def interference_answers(runs: Sequence[InterferenceRun]) -> dict:
+    """What lesson 05 asks the learner to predict, measured: the worst decoder gap without
+    chunking and at the smallest budget (runs[1]), and what that budget does to the long
+    prompts' median TTFT."""
+    whole, small = runs[0].summary(), runs[1].summary()
+    return {"worst gap, no chunking (ms)": whole["decoder ITL max (ms)"],
+            "worst gap, smallest budget (ms)": small["decoder ITL max (ms)"],
+            "long TTFT, smallest budget / no chunking":
+                small["long TTFT median (ms)"] / whole["long TTFT median (ms)"]}

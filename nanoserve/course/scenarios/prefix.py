@@ -125,3 +125,19 @@ def eviction_sweep(engine_or_llm, num_kv_blocks: int, prefix_len: int, unrelated
         back = generate(engine, [prefix + prompt_tokens(engine, 8, 3002)], greedy_params(2))[0]
         points.append(EvictionPoint(n, n * unrelated_len, back.num_cached_tokens, ttft(back)))
     return points
+
+
+def prefix_answers(results: dict) -> dict:
+    """What lesson 06 asks the learner to predict, measured: the hit rate with caching on and how
+    many times shorter the median TTFT is than with it off."""
+    off, on = prefix_summary(results["off"]), prefix_summary(results["on"])
+    return {"hit rate (%)": on["hit rate (%)"],
+            "TTFT p50, off / on": off["TTFT p50 (ms)"] / on["TTFT p50 (ms)"]}
+
+
+def first_eviction(points: Sequence[EvictionPoint]) -> float:
+    """The fewest unrelated requests after which the returning prefix found fewer tokens cached
+    than with no traffic in between (inf: none of the counts tried evicted any)."""
+    full = max(p.cached_tokens for p in points)
+    return next((p.unrelated_requests for p in sorted(points, key=lambda p: p.unrelated_requests)
+                 if p.cached_tokens < full), math.inf)

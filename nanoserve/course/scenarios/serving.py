@@ -6,13 +6,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from nanoserve.config import EngineConfig
-from nanoserve.course.scenarios.common import measure_workload, to_ms
-from nanoserve.course.setup import Table, engine_of, fresh_engine
+from nanoserve.course.scenarios.common import measure_workload, prompt_tokens, to_ms
+from nanoserve.course.setup import Table, engine_of, fresh_engine, generate
 from nanoserve.measure import bench
 from nanoserve.measure.figures import device_label
-from nanoserve.measure.metrics import compute_metrics, stratify
-from nanoserve.measure.workload import LogNormal, Workload, synthetic
+from nanoserve.measure.metrics import compute_metrics, stratify, ttft
+from nanoserve.measure.workload import LogNormal, Workload, greedy_params, synthetic
 from nanoserve.sim.calibrate import calibrate
 from nanoserve.sim.simulator import simulate
 
@@ -83,20 +85,74 @@ def measured_capacity(result: bench.BenchResult) -> float:
 
 
 def workload_shift(engine_or_llm, num_requests: int, input_median: int, output_median: int,
-                   longer_output_median: int, progress: bool = True) -> dict:
+                   longer_output_median: int, progress: bool = True, rate: float | None = None) -> dict:
     """The same server measured on two weeks of traffic: in the second, answers are longer
     (output median longer_output_median instead of output_median). Both weeks arrive at the same,
-    nearly regular rate, slow enough that a typical second-week request finishes before the next
-    arrives (from one request measured alone here), so neither week queues or batches much and
-    any difference is the mix. -> {"before": BenchResult, "after": BenchResult}."""
+    nearly regular rate: by default slow enough that a typical second-week request finishes before
+    the next arrives (from one request measured alone here), so neither week queues or batches
+    much and any difference is the mix; or `rate` (requests/s), to measure the weeks under load.
+    -> {"before": BenchResult, "after": BenchResult}."""
     from nanoserve.course.scenarios.common import unloaded_latency
-    alone = unloaded_latency(engine_or_llm, input_median)
-    rate = 1 / (1.5 * (alone["ttft"] + longer_output_median * alone["tpot"]))
+    if rate is None:
+        alone = unloaded_latency(engine_or_llm, input_median)
+        rate = 1 / (1.5 * (alone["ttft"] + longer_output_median * alone["tpot"]))
     vocab = engine_of(engine_or_llm).model_config.vocab_size
     weeks = [chat_workload(num_requests, rate, input_median, median, vocab, seed=seed, name=name,
                            burstiness=20.0)
              for name, median, seed in (("before", output_median, 21), ("after", longer_output_median, 22))]
     return {w.name: measure_workload(engine_or_llm, w, progress=progress) for w in weeks}
+
+
+def p50_ratio(weeks: dict, metric: str) -> float:
+    """Median `metric` ("ttft", "tpot", "itl", "e2e") of the "after" week over the "before" week's."""
+    before, after = (getattr(compute_metrics(weeks[k].outputs), metric).median for k in ("before", "after"))
+    return after / before
+
+
+def load_table(conditions: dict) -> Table:
+    """The two weeks under each condition (name -> workload_shift's dict): the arrival rate they had,
+    how many requests ran at once, and the medians that stratification compares."""
+    rows = []
+    for cond, weeks in conditions.items():
+        for week, r in weeks.items():
+            m = compute_metrics(r.outputs)
+            t = sorted(o.metrics.arrival_time for o in r.outputs)
+            rows.append({"condition": cond, "week": week, "rate (req/s)": (len(t) - 1) / (t[-1] - t[0]),
+                         "out tok (mean)": m.total_output_tokens / max(m.completed, 1),
+                         "running per step (mean)": sum(s.num_running for s in r.trace) / len(r.trace),
+                         "TPOT p50 (ms)": to_ms(m.tpot.median), "E2E p50 (ms)": to_ms(m.e2e.median)})
+    return Table(rows, f"The two weeks idle and under load, {r.device_label}", ".2f")
+
+
+@dataclass
+class PromptSweep:
+    """TTFT of prompts of many lengths, each sent alone (so TTFT is its prefill, no queue)."""
+
+    input_lens: list[int]
+    ttfts: list[float]  # s, measured
+    device_label: str
+
+    @property
+    def growth(self) -> float:
+        """TTFT of the longest prompt over the shortest's."""
+        return self.ttfts[-1] / self.ttfts[0]
+
+
+def ttft_by_input(engine_or_llm, shortest: int, longest: int, count: int, output_len: int = 2,
+                  repeats: int = 3, seed: int = 0) -> PromptSweep:
+    """`count` prompt lengths spaced evenly on a log scale from `shortest` to `longest`, each sent
+    alone to a fresh engine without prefix caching, `repeats` times (other tokens each time):
+    the median TTFT per length (measured), shortest first."""
+    if not 1 <= shortest < longest or count < 2:
+        raise ValueError(f"ttft_by_input: need 1 <= shortest < longest and count >= 2, got "
+                         f"shortest={shortest}, longest={longest}, count={count}")
+    engine = fresh_engine(engine_or_llm, enable_prefix_caching=False)
+    lens = sorted({int(round(x)) for x in np.geomspace(shortest, longest, count)})
+    generate(engine, [prompt_tokens(engine, shortest, seed + 999)], greedy_params(output_len))  # warm-up
+    ttfts = [float(np.median([ttft(generate(engine, [prompt_tokens(engine, n, seed + 100 * i + r)],
+                                            greedy_params(output_len))[0]) for r in range(repeats)]))
+             for i, n in enumerate(lens)]
+    return PromptSweep(lens, ttfts, device_label(engine))
 
 
 def metrics_table(results: dict, slo: dict | None = None) -> Table:
@@ -163,6 +219,12 @@ def rate_sweep(engine_or_llm, rates: Sequence[float], make_workload, slo: dict,
         m = res.metrics(slo)
         points.append(RatePoint(rate, res, m.request_throughput, m.goodput, m.slo_attainment))
     return points
+
+
+def peak_goodput_fraction(points: Sequence[RatePoint], capacity: float) -> float:
+    """The arrival rate (as the workload had it) of the point with the highest goodput, as a
+    fraction of the measured capacity."""
+    return max(points, key=lambda p: p.goodput).offered / capacity
 
 
 def simulated_rate_sweep(model: DeviceModel, rates: Sequence[float], make_workload, slo: dict,

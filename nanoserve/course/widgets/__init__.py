@@ -47,6 +47,7 @@ from nanoserve.course.widgets.serving import (
     plot_metric_distributions,
     plot_request_anatomy,
     plot_stratified,
+    plot_ttft_vs_input,
     serving_dashboard,
 )
 
@@ -57,5 +58,6 @@ __all__ = [
     "measure_dashboard_point", "plot_budget_tradeoff", "plot_cost_at_slo", "plot_cost_view",
     "plot_dashboard", "plot_disagg_view", "plot_eviction", "plot_goodput", "plot_interference_view",
     "plot_itl_timeline", "plot_layout_itl", "plot_metric_distributions", "plot_prefix_compare",
-    "plot_request_anatomy", "plot_step_time_fit", "plot_stratified", "serving_dashboard",
+    "plot_request_anatomy", "plot_step_time_fit", "plot_stratified", "plot_ttft_vs_input",
+    "serving_dashboard",
 ]

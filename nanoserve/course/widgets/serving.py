@@ -108,6 +108,24 @@ def plot_stratified(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 6
     return ax.figure
 
 
+def plot_ttft_vs_input(sweep, ax=None):
+    """Each prompt length's TTFT, sent alone (measured), on log axes, beside a line of cost in
+    proportion to the prompt through the longest point."""
+    ax = get_axes(ax, (7, 3.6))
+    x, y = np.asarray(sweep.input_lens, dtype=float), 1e3 * np.asarray(sweep.ttfts)
+    ax.plot(x, y, "o-", color=MEASURED_COLOR, label="measured: one prompt alone (median)")
+    ax.plot(x, y[-1] * x / x[-1], ":", color="0.4", label="in proportion to the prompt's length")
+    log_axis(ax, "x")
+    log_axis(ax, "y")
+    ax.set_xlabel("prompt length (tokens, log)")
+    ax.set_ylabel("TTFT (ms, log)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"TTFT against prompt length: {sweep.growth:.0f}x from {x[0]:.0f} to {x[-1]:.0f} tokens\n"
+                 f"{sweep.device_label}", fontsize=10)
+    return ax.figure
+
+
 def _latency_view(outputs, slo: dict) -> dict:
     from nanoserve.measure.metrics import compute_metrics
     done = [o for o in outputs if completed(o)]
@@ -194,7 +212,8 @@ def serving_dashboard(model, engine, make_workload, slo: dict, max_rate: float):
                                if model.config.max_num_batched_tokens in (32, 64, 128, 256, 512, 1024, 2048)
                                else 512, description="max_num_batched_tokens", continuous_update=False,
                                style={"description_width": "initial"})
-    button = W.Button(description="measure this point live", icon="play")
+    # wide enough for its label at JupyterLab's width (the default 148 px cuts it short)
+    button = W.Button(description="measure this point live", icon="play", layout=W.Layout(width="auto"))
     status = W.HTML("modelled (calibrated simulator); the button measures on this device")
     out = W.Output()
     state = {"measured": None}

@@ -1,6 +1,7 @@
-"""Lessons 05 and 07 in JupyterLab in a real browser, quick mode: every cell runs, no error
-output, the widgets render with a figure, and moving a slider changes the figure. nbval runs
-the kernel only; this runs the widget front end too. Also: RISE (live slides) loads.
+"""Lessons in JupyterLab in a real browser, quick mode: every cell runs, no error output, and
+(05, 07) the widgets render with a figure and moving a slider changes the figure; (06, 10) every
+figure shows. nbval runs the kernel only; this runs the front end too, and keeps a screenshot of
+each whole lesson at JupyterLab's width in test-artifacts/ to look at. Also: RISE (live slides) loads.
 """
 
 import re
@@ -78,6 +79,16 @@ def move_slider(scope, handle_index: int = 0, key: str = "ArrowRight"):
     handle.press(key)
 
 
+def screenshot_figures(page, artifacts, number: str) -> int:
+    """Each figure of the lesson as the learner sees it, into test-artifacts/ to look at. -> how many."""
+    figures = page.locator(".jp-OutputArea-output img")
+    for i in range(figures.count()):
+        figures.nth(i).scroll_into_view_if_needed()
+        assert figures.nth(i).evaluate("i => i.naturalWidth") > 200, f"figure {i} did not load"
+        figures.nth(i).screenshot(path=str(artifacts / f"lab_{number}_figure_{i}.png"))
+    return figures.count()
+
+
 def wait_changed(img, before: str, timeout: float = 120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -107,6 +118,22 @@ def test_lesson_runs_and_its_widget_responds(browser, lab, artifacts, number):
         after = wait_changed(img, before)
         assert after != before
         box.screenshot(path=str(artifacts / f"lab_{number}_after.png"))
+        screenshot_figures(page, artifacts, number)
+    finally:
+        page.screenshot(path=str(artifacts / f"lab_{number}_page.png"))
+        page.close()
+
+
+@pytest.mark.parametrize("number", ["06", "10"])
+def test_lesson_runs_and_its_figures_show(browser, lab, artifacts, number):
+    path = lessons.lesson_path(number).name
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    try:
+        open_notebook(page, lab, path)
+        run_all(page)
+        assert not errors(page), errors(page)
+        assert screenshot_figures(page, artifacts, number) > 0, "no figure in the outputs"
     finally:
         page.screenshot(path=str(artifacts / f"lab_{number}_page.png"))
         page.close()
