@@ -1,6 +1,6 @@
 """Every lesson from 02 on opens the engine: at least one relative link into nanoserve/ that
 resolves to a file, and a prediction the learner writes down (a `my_prediction = ...` cell)
-before the measurement that answers it; lessons 02-04 also trace one step (course.trace_view)."""
+before the measurement that answers it; lessons 02-04 and 12 also trace one step (course.trace_view)."""
 
 import re
 from pathlib import Path
@@ -11,8 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 # lessons whose owners have added links and predictions; 05, 06, 07 and 10 join when they do
-LESSONS = ("02", "03", "04", "08", "09", "11")
-TRACED = ("02", "03", "04")
+LESSONS = ("02", "03", "04", "08", "09", "11", "12")
+TRACED = ("02", "03", "04", "12")
 LINK = re.compile(r"\]\((\.\./nanoserve/[^)#\s]+)(?:#[^)]*)?\)")
 
 

@@ -249,18 +249,18 @@ class SamplingCheck:
         return float(((self.counts - expected) ** 2 / expected).sum())
 
     @property
-    def critical_99(self) -> float:
-        """The chi-square value exceeded with probability 1% by chance, len(p) - 1 degrees of
+    def critical(self) -> float:
+        """The chi-square value exceeded with probability 0.1% by chance, len(p) - 1 degrees of
         freedom (Wilson-Hilferty approximation)."""
         dof = len(self.target) - 1
-        return float(dof * (1 - 2 / (9 * dof) + 2.326 * (2 / (9 * dof)) ** 0.5) ** 3)
+        return float(dof * (1 - 2 / (9 * dof) + 3.090 * (2 / (9 * dof)) ** 0.5) ** 3)
 
     def table(self) -> Table:
         rows = [{"token": i, "target p": round(float(p), 3), "rejection sampler (measured)":
                  round(float(c) / self.samples, 3), "resampling from p (computed)": round(float(m), 3)}
                 for i, (p, c, m) in enumerate(zip(self.target, self.counts, self.mistake))]
         return Table(rows, f"The first token after draft {self.draft}, {self.samples} draws: chi-square "
-                           f"{self.chi_square:.1f} (1% critical value {self.critical_99:.1f})")
+                           f"{self.chi_square:.1f} (0.1% critical value {self.critical:.1f})")
 
 
 def sampling_check(logits: Sequence[float], draft: int, samples: int, seed: int = 0) -> SamplingCheck:
