@@ -92,10 +92,13 @@ def main(argv=None) -> None:
     ap.add_argument("--quote-instruction", action="store_true",
                     help="quote-back as an instruction to copy a passage (instruction-tuned models)")
     ap.add_argument("--chat", action="store_true", help="lesson 12's chat tasks (a chat model)")
+    ap.add_argument("--num-kv-blocks", type=int, default=512, help="each engine's KV pool (16-token blocks)")
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
     spec = dict(method="ngram", num_speculative_tokens=args.k, prompt_lookup_min=2, prompt_lookup_max=4)
-    config = EngineConfig(max_num_batched_tokens=1024, record_trace=False)
+    # a KV pool sized for the batches run, not for the model's longest context: two engines fit
+    config = EngineConfig(max_num_batched_tokens=1024, record_trace=False, max_model_len=1024,
+                          num_kv_blocks=args.num_kv_blocks)
     plain = LLM(args.model, dtype=args.dtype, config=config)
     ngram = LLM(args.model, dtype=args.dtype, config=config, speculative_config=spec)
     info = dict(date=datetime.datetime.now().strftime("%Y-%m-%dT%H%M"), machine=cpu_facts(),

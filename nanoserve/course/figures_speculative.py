@@ -60,7 +60,7 @@ def plot_speedup(comps: Sequence, ratios: dict[int, float], label, ax=None):
            color=MODELLED_COLOR, alpha=0.7, label="simple model (from measured acceptance, verify cost)")
     ax.axhline(1.0, color="gray", lw=1)
     ax.set_xticks(x, names, fontsize=8)
-    ax.set_ylabel("tokens/s with / without speculation")
+    ax.set_ylabel("decode speedup (TPOT without / with)")
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     titled(ax, "Speedup: measured and predicted", label)

@@ -22,6 +22,7 @@ from nanoserve.config import SpeculativeConfig
 from nanoserve.course.setup import Table, engine_of, fresh_engine, generate, model_dtype, random_prompt
 from nanoserve.engine.spec_decode.proposer import Proposer
 from nanoserve.measure import roofline
+from nanoserve.measure.metrics import tpot
 from nanoserve.measure.workload import greedy_params
 
 # quote-back: the answer repeats text of the prompt, as when a model quotes, edits or extracts
@@ -125,7 +126,8 @@ class SpecRun:
 
     label: str
     batch: int
-    seconds: float  # wall time to finish them all
+    seconds: float  # wall time to finish them all, prefill included
+    tpot: float  # median over the requests of the time per output token after the first
     tokens: int  # tokens generated
     decode_steps: int  # steps that ran no prefill
     drafts: int  # decodes that checked drafts (vLLM's num_drafts)
@@ -136,7 +138,8 @@ class SpecRun:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds
+        """Decode tokens/s of the batch: batch / TPOT (the prefill is the same with and without)."""
+        return self.batch / self.tpot
 
     @property
     def acceptance_rate(self) -> float:
@@ -161,7 +164,8 @@ def run_batch(llm, prompts: Sequence[list[int]], max_tokens: int, spec: dict | N
     t = time.perf_counter()
     outs = generate(engine, list(prompts), greedy_params(max_tokens))
     seconds, s = time.perf_counter() - t, engine.stats
-    return SpecRun(label, len(prompts), seconds, sum(len(o.token_ids) for o in outs),
+    return SpecRun(label, len(prompts), seconds, statistics.median(tpot(o) for o in outs),
+                   sum(len(o.token_ids) for o in outs),
                    sum(1 for r in engine.trace if not r.num_prefill_tokens), s.spec_decode_num_drafts,
                    s.spec_decode_num_draft_tokens, s.spec_decode_num_accepted_tokens,
                    list(s.spec_decode_num_accepted_tokens_per_pos), [list(o.token_ids) for o in outs])
@@ -177,9 +181,9 @@ class Comparison:
 
     @property
     def speedup(self) -> float:
-        """Median tokens/s with speculation over median without."""
-        return (statistics.median(r.tokens_per_s for r in self.on)
-                / statistics.median(r.tokens_per_s for r in self.off))
+        """Decode speedup: median TPOT without speculation over median TPOT with (the wall time
+        between a request's tokens, the proposer's work included)."""
+        return statistics.median(r.tpot for r in self.off) / statistics.median(r.tpot for r in self.on)
 
     @property
     def identical(self) -> bool:
@@ -216,8 +220,9 @@ def comparison_table(comps: Sequence[Comparison], ratios: dict[int, float] | Non
     for c in comps:
         on, off = c.on[0], c.off[0]
         row = {"task": c.task, "batch": on.batch, "run": on.label,
-               "tok/s off": round(statistics.median(r.tokens_per_s for r in c.off), 1),
-               "tok/s on": round(statistics.median(r.tokens_per_s for r in c.on), 1),
+               "TPOT ms off": round(1e3 * statistics.median(r.tpot for r in c.off), 1),
+               "TPOT ms on": round(1e3 * statistics.median(r.tpot for r in c.on), 1),
+               "decode tok/s on": round(statistics.median(r.tokens_per_s for r in c.on), 1),
                "speedup": f"{c.speedup:.2f}x", "decode steps off/on": f"{off.decode_steps}/{on.decode_steps}",
                "acceptance": "-" if not on.draft_tokens else f"{on.acceptance_rate:.0%}",
                "mean length": round(on.acceptance_length, 2), "greedy identical": c.identical}
