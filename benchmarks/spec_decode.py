@@ -114,7 +114,7 @@ def main(argv=None) -> None:
             run(ngram, batch[:1], 4)
             times, agree = {"off": [], "ngram": []}, []
             for _ in range(args.reps):
-                dt, n, want, _, _ = run(plain, batch, args.max_tokens)
+                dt, n, want, p0, p1 = run(plain, batch, args.max_tokens)
                 times["off"].append(n / dt)
                 dt, n, got, s0, s1 = run(ngram, batch, args.max_tokens)
                 times["ngram"].append(n / dt)
@@ -127,6 +127,7 @@ def main(argv=None) -> None:
                              acceptance_rate=accepted / draft_tokens if draft_tokens else None,
                              acceptance_length=1 + accepted / drafts if drafts else 1.0,
                              drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
+                             steps_off=p1.steps - p0.steps, steps_ngram=s1.steps - s0.steps,
                              greedy_identical=all(a[0] == b for a in agree), requests=b,
                              identical_requests=min(a[0] for a in agree),
                              token_agreement=min(a[1] for a in agree), raw=times))
@@ -157,13 +158,15 @@ def write(info: dict, out: str) -> None:
              *([f"**Busy machine: load average {info['loadavg_before']} on {m['cores']} vCPU. Other "
                  "processes shared the cores: these ratios are not results; rerun on an idle "
                  "machine.**", ""] if float(info["loadavg_before"].split()[0]) > m["cores"] else []),
-             "| task | batch | tok/s off | tok/s ngram | speedup | acceptance | mean length | "
-             "greedy identical (requests; tokens before the first difference) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| task | batch | tok/s off | tok/s ngram | speedup | engine steps off/ngram | acceptance | "
+             "mean length | greedy identical (requests; tokens before the first difference) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in info["rows"]:
         rate = "-" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"
         lines.append(f"| {r['task']} | {r['batch']} | {r['tok_s_off']:.1f} | {r['tok_s_ngram']:.1f} | "
-                     f"{r['speedup']:.2f}x | {rate} | {r['acceptance_length']:.2f} | "
+                     f"{r['speedup']:.2f}x | {r.get('steps_off', '-')}/{r.get('steps_ngram', '-')} | "
+                     f"{rate} | "
+                     f"{r['acceptance_length']:.2f} | "
                      f"{r['identical_requests']}/{r['requests']}; {100 * r['token_agreement']:.1f}% |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
