@@ -30,7 +30,8 @@ def test_compare_keeps_greedy_tokens_and_the_engines_counts(llm):
     c = spec.compare(llm, prompts, "repeats", 16, spec.ngram(3) | {"prompt_lookup_min": 1})
     on, off = c.on[0], c.off[0]
     assert c.identical and on.token_ids == off.token_ids
-    assert off.drafts == off.draft_tokens == 0 and on.drafts > 0 and 0 <= on.accepted <= on.draft_tokens
+    assert off.drafts == off.draft_tokens == off.verify_steps == 0 and on.drafts > 0
+    assert 0 <= on.accepted <= on.draft_tokens and 0 < on.verify_steps <= min(on.drafts, on.decode_steps)
     assert on.decode_steps <= off.decode_steps and on.tokens == off.tokens == 32
     assert sum(on.accepted_per_pos) == on.accepted
     assert on.acceptance_length == pytest.approx(1 + on.accepted / on.drafts)

@@ -130,6 +130,7 @@ class SpecRun:
     tpot: float  # median over the requests of the time per output token after the first
     tokens: int  # tokens generated
     decode_steps: int  # steps that ran no prefill
+    verify_steps: int  # of those, steps in which some request checked drafts
     drafts: int  # decodes that checked drafts (vLLM's num_drafts)
     draft_tokens: int
     accepted: int
@@ -166,7 +167,9 @@ def run_batch(llm, prompts: Sequence[list[int]], max_tokens: int, spec: dict | N
     seconds, s = time.perf_counter() - t, engine.stats
     return SpecRun(label, len(prompts), seconds, statistics.median(tpot(o) for o in outs),
                    sum(len(o.token_ids) for o in outs),
-                   sum(1 for r in engine.trace if not r.num_prefill_tokens), s.spec_decode_num_drafts,
+                   sum(1 for r in engine.trace if not r.num_prefill_tokens),
+                   sum(1 for r in engine.trace if not r.num_prefill_tokens
+                       and any(e.num_draft_tokens for e in r.entries)), s.spec_decode_num_drafts,
                    s.spec_decode_num_draft_tokens, s.spec_decode_num_accepted_tokens,
                    list(s.spec_decode_num_accepted_tokens_per_pos), [list(o.token_ids) for o in outs])
 
@@ -192,10 +195,11 @@ class Comparison:
 
     def predicted_speedup(self, ratio: float) -> float:
         """The simple model: each plain decode step costs 1, each verify step `ratio` (its measured
-        cost over a plain step's); the tokens are the same, so speedup = steps off / cost on.
-        Leaves out the proposer's own time and the prefill (the same with and without)."""
+        cost over a plain step's, every sequence checking k drafts); the tokens are the same, so
+        speedup = steps off / cost on. Leaves out the proposer's own time and the prefill (the
+        same with and without)."""
         on, off = self.on[0], self.off[0]
-        return off.decode_steps / (on.drafts * ratio + (on.decode_steps - on.drafts))
+        return off.decode_steps / (on.verify_steps * ratio + (on.decode_steps - on.verify_steps))
 
 
 def compare(llm, prompts: Sequence[list[int]], task: str, max_tokens: int, spec: dict, reps: int = 1,
