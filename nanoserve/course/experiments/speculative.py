@@ -65,8 +65,10 @@ def ngram(k: int, **extra) -> dict:
 class FixedDrafts(Proposer):
     """Drafts as many copies of one token as allowed, so every decode checks k drafts."""
 
+    token = 10  # any id of the vocabulary: accepted or not, the check costs the same
+
     def draft(self, requests, num_tokens):
-        return [[self.config.prompt_lookup_min] * n for n in num_tokens]  # any valid id
+        return [[self.token] * n for n in num_tokens]
 
 
 @dataclass
@@ -89,9 +91,8 @@ def verify_cost(llm, batches: Sequence[int], positions: Sequence[int], context: 
         for q in positions:
             engine = fresh_engine(llm, enable_prefix_caching=False, max_num_seqs=b,
                                   max_num_batched_tokens=max(b * context, b * q))
-            if q > 1:  # every decode checks q - 1 drafts (the ngram fields are just valid values)
-                engine.proposer = FixedDrafts(SpeculativeConfig(method="ngram", num_speculative_tokens=q - 1,
-                                                                prompt_lookup_min=10, prompt_lookup_max=10))
+            if q > 1:  # every decode checks q - 1 drafts
+                engine.proposer = FixedDrafts(SpeculativeConfig(method="ngram", num_speculative_tokens=q - 1))
             generate(engine, [random_prompt(engine, context, rng) for _ in range(b)],
                      greedy_params(steps + q + 1))
             times = [r.duration for r in engine.trace
