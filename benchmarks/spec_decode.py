@@ -2,14 +2,20 @@
 whose output repeats its context and on free text.
 
     python benchmarks/spec_decode.py [--model PATH_OR_NAME] [--k 4] [--batches 1,16] [--max-tokens 64]
+    python benchmarks/spec_decode.py --model smollm2-135m --chat [--dtype bfloat16]
 
 Tasks (greedy, fp32 by default, EOS ignored so every run makes the same number of tokens):
   quote-back  a line of a held-out play three times over: the output repeats what came before
               (with an instruction-tuned model, --quote-instruction asks it to copy a passage)
   free-text   300 characters of a held-out play to continue: little for prompt lookup to find
+With --chat (a chat model: smollm2-135m) the tasks are lesson 12's, rendered by the model's chat
+template (course.experiments.speculative.task_prompts): quote-back asks to repeat a passage
+word for word, free-text asks a question.
 Each (task, batch) runs without speculation and with ngram (prompt_lookup 2..4) in alternation,
 `--reps` times; the table shows medians, the speedup of the two medians, the acceptance rate and
-the mean acceptance length (vLLM's definitions), and the greedy agreement of the two runs.
+the mean acceptance length (vLLM's definitions), and the greedy agreement of the two runs: the
+requests whose tokens are identical, and the share of tokens before the first difference (in
+bf16 a 1 + k-row verify may round differently from one-row steps and flip a near-tie).
 Writes benchmarks/results/spec-decode-<date>.{json,md} with the CPU, the load and the versions.
 """
 
@@ -33,7 +39,15 @@ from nanoserve.model import DEMO_MODEL_DIR  # noqa: E402
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def prompts(llm: LLM, task: str, n: int, instruction: bool) -> list[list[int]]:
+def prompts(llm: LLM, task: str, n: int, instruction: bool, chat: bool = False) -> list[list[int]]:
+    if chat:
+        from nanoserve.course.experiments.speculative import task_prompts
+        from nanoserve.course.scenarios.chat import ChatModel
+        from nanoserve.model.loader import resolve_model_path
+        from nanoserve.serve.chat_template import load_chat_template
+        template = load_chat_template(resolve_model_path(llm.engine.model_name))
+        return task_prompts(ChatModel(llm, template, llm.engine.model_name),
+                            "quote-back" if task == "quote-back" else "free", n)
     text = open(os.path.join(DEMO_MODEL_DIR, "heldout.txt")).read()
     lines = [t for t in text.splitlines() if len(t) > 30]
     if task == "quote-back":
@@ -44,6 +58,16 @@ def prompts(llm: LLM, task: str, n: int, instruction: bool) -> list[list[int]]:
     else:
         texts = [text[2000 + 300 * i:2300 + 300 * i] for i in range(n)]
     return [llm.engine.encode(t) for t in texts]
+
+
+def agreement(want: list[list[int]], got: list[list[int]]) -> tuple[int, float]:
+    """(requests with identical tokens, share of all tokens before each request's first difference)."""
+    same, prefix = 0, 0
+    for w, g in zip(want, got):
+        n = next((i for i, (a, b) in enumerate(zip(w, g)) if a != b), min(len(w), len(g)))
+        same += w == g
+        prefix += n
+    return same, prefix / max(sum(len(w) for w in want), 1)
 
 
 def run(llm: LLM, batch: list[list[int]], max_tokens: int):
@@ -67,28 +91,34 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quote-instruction", action="store_true",
                     help="quote-back as an instruction to copy a passage (instruction-tuned models)")
+    ap.add_argument("--chat", action="store_true", help="lesson 12's chat tasks (a chat model)")
+    ap.add_argument("--num-kv-blocks", type=int, default=512, help="each engine's KV pool (16-token blocks)")
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
     spec = dict(method="ngram", num_speculative_tokens=args.k, prompt_lookup_min=2, prompt_lookup_max=4)
-    config = EngineConfig(max_num_batched_tokens=1024, record_trace=False)
+    # a KV pool sized for the batches run, not for the model's longest context: two engines fit
+    config = EngineConfig(max_num_batched_tokens=1024, record_trace=False, max_model_len=1024,
+                          num_kv_blocks=args.num_kv_blocks)
     plain = LLM(args.model, dtype=args.dtype, config=config)
     ngram = LLM(args.model, dtype=args.dtype, config=config, speculative_config=spec)
     info = dict(date=datetime.datetime.now().strftime("%Y-%m-%dT%H%M"), machine=cpu_facts(),
                 torch=torch.__version__, threads=torch.get_num_threads(), model=args.model,
                 dtype=args.dtype, speculative_config=spec, max_tokens=args.max_tokens, reps=args.reps,
+                chat=args.chat,
                 loadavg_before=" ".join(f"{x:.2f}" for x in os.getloadavg()))
     rows = []
     for task in ("quote-back", "free-text"):
         for b in map(int, args.batches.split(",")):
-            batch = prompts(plain, task, b, args.quote_instruction)
+            batch = prompts(plain, task, b, args.quote_instruction, args.chat)
             run(plain, batch[:1], 4)  # warm-up: first-touch allocation, kernel builds
             run(ngram, batch[:1], 4)
-            times = {"off": [], "ngram": []}
+            times, agree = {"off": [], "ngram": []}, []
             for _ in range(args.reps):
-                dt, n, want, _, _ = run(plain, batch, args.max_tokens)
+                dt, n, want, p0, p1 = run(plain, batch, args.max_tokens)
                 times["off"].append(n / dt)
                 dt, n, got, s0, s1 = run(ngram, batch, args.max_tokens)
                 times["ngram"].append(n / dt)
+                agree.append(agreement(want, got))
             drafts = s1.spec_decode_num_drafts - s0.spec_decode_num_drafts
             draft_tokens = s1.spec_decode_num_draft_tokens - s0.spec_decode_num_draft_tokens
             accepted = s1.spec_decode_num_accepted_tokens - s0.spec_decode_num_accepted_tokens
@@ -97,11 +127,15 @@ def main(argv=None) -> None:
                              acceptance_rate=accepted / draft_tokens if draft_tokens else None,
                              acceptance_length=1 + accepted / drafts if drafts else 1.0,
                              drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
-                             greedy_identical=got == want, raw=times))
+                             steps_off=p1.steps - p0.steps, steps_ngram=s1.steps - s0.steps,
+                             greedy_identical=all(a[0] == b for a in agree), requests=b,
+                             identical_requests=min(a[0] for a in agree),
+                             token_agreement=min(a[1] for a in agree), raw=times))
             r = rows[-1]
             print(f"{task:<11} b={b:<3} off {off:8.1f} tok/s  ngram {on:8.1f} tok/s  x{r['speedup']:.2f}  "
                   f"acceptance {100 * (r['acceptance_rate'] or 0):5.1f}%  length "
-                  f"{r['acceptance_length']:.2f}  identical {r['greedy_identical']}", flush=True)
+                  f"{r['acceptance_length']:.2f}  identical {r['identical_requests']}/{b} "
+                  f"({100 * r['token_agreement']:.1f}% of tokens)", flush=True)
     info["loadavg_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     info["rows"] = rows
     write(info, args.out)
@@ -109,7 +143,8 @@ def main(argv=None) -> None:
 
 def write(info: dict, out: str) -> None:
     os.makedirs(out, exist_ok=True)
-    stem = os.path.join(out, f"spec-decode-{info['date']}")
+    stem = os.path.join(out, f"spec-decode-{info['date']}-{os.path.basename(os.path.normpath(info['model']))}"
+                             f"-{info['dtype']}")
     with open(stem + ".json", "w") as f:
         json.dump(info, f, indent=1)
     m = info["machine"]
@@ -123,13 +158,16 @@ def write(info: dict, out: str) -> None:
              *([f"**Busy machine: load average {info['loadavg_before']} on {m['cores']} vCPU. Other "
                  "processes shared the cores: these ratios are not results; rerun on an idle "
                  "machine.**", ""] if float(info["loadavg_before"].split()[0]) > m["cores"] else []),
-             "| task | batch | tok/s off | tok/s ngram | speedup | acceptance | mean length | identical |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| task | batch | tok/s off | tok/s ngram | speedup | engine steps off/ngram | acceptance | "
+             "mean length | greedy identical (requests; tokens before the first difference) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in info["rows"]:
         rate = "-" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"
         lines.append(f"| {r['task']} | {r['batch']} | {r['tok_s_off']:.1f} | {r['tok_s_ngram']:.1f} | "
-                     f"{r['speedup']:.2f}x | {rate} | {r['acceptance_length']:.2f} | "
-                     f"{r['greedy_identical']} |")
+                     f"{r['speedup']:.2f}x | {r.get('steps_off', '-')}/{r.get('steps_ngram', '-')} | "
+                     f"{rate} | "
+                     f"{r['acceptance_length']:.2f} | "
+                     f"{r['identical_requests']}/{r['requests']}; {100 * r['token_agreement']:.1f}% |")
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"written: {stem}.md and .json")

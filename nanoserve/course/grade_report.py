@@ -29,6 +29,7 @@ TITLES = {
     "ex08": "Exercise 8: Triton kernels",
     "ex09": "Exercise 9: what a token costs",
     "ex10": "Exercise 10: the SLO of a served load",
+    "ex11": "Exercise 11: speculative decoding",
 }
 VISIBILITY = ("visible", "hidden", "after_due_date", "after_published")
 

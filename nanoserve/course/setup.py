@@ -152,6 +152,17 @@ SIZES: dict[str, dict[str, dict]] = {
            "cuda": dict(batches=(1, 32), context=512, steps=16, graph_batches=(1, 8, 32, 64),
                         graph_kv_bytes=2**31,
                         pre_requests=64, pre_prompt=512, pre_tokens=256)},
+    # on the real model (course.scenarios.chat): k drafts per verify; verify_*: the step-cost grid
+    # (positions include k + 1, batches include big_batch); kv_blocks: the loaded pool
+    "12": {"quick": dict(model="smollm2-135m", k=4, verify_batches=(1, 4), positions=(1, 3, 5),
+                         verify_context=64, verify_steps=3, max_tokens=32, reps=1, big_batch=4,
+                         trace_tokens=40, samples=3000, kv_blocks=256),
+           "cpu": dict(model="smollm2-135m", k=4, verify_batches=(1, 16, 32), positions=(1, 2, 5, 8),
+                       verify_context=128, verify_steps=4, max_tokens=64, reps=3, big_batch=16,
+                       trace_tokens=48, samples=20000, kv_blocks=640),
+           "cuda": dict(model="smollm2-135m", k=4, verify_batches=(1, 16, 64, 128), positions=(1, 2, 5, 8),
+                        verify_context=512, verify_steps=8, max_tokens=128, reps=3, big_batch=64,
+                        trace_tokens=48, samples=50000, kv_blocks=8192)},
 }
 
 
@@ -162,7 +173,7 @@ def lesson_model(device: str | None = None, quick: bool | None = None) -> str:
 
 
 def sizes(lesson: str, quick: bool | None = None, device: str | None = None) -> dict:
-    """The sizes lesson `lesson` ("00".."11") uses here (quick, or for this device), its model
+    """The sizes lesson `lesson` ("00".."12") uses here (quick, or for this device), its model
     under "model"."""
     if lesson not in SIZES:
         raise ValueError(f"lesson {lesson!r} has no sizes; choose from {sorted(SIZES)}")

@@ -1,11 +1,12 @@
-"""One step at a time: what the scheduler decided and what the KV cache did, for lessons 02-06.
+"""One step at a time: what the scheduler decided and what the KV cache did, for lessons 02-06 and 12.
 
 `trace_requests` queues a few requests on a fresh engine (all at once, or each before a given
 step) and steps it by hand. Each step's
 record is the engine's own step trace (engine/trace.py: which request ran how many tokens from
 which position); around every step it reads the KV cache manager (blocks each request holds,
-free blocks) and the scheduler's counters (prefix-cache hits, preemptions), so a lesson can show
-blocks allocated and freed beside the tokens that caused them. Nothing here changes what the
+free blocks), the scheduler's counters (prefix-cache hits, preemptions) and, with speculative
+decoding, the drafts each request waits to have checked, so a lesson can show blocks allocated and
+freed beside the tokens that caused them, and drafts accepted or rolled back. Nothing here changes what the
 engine does: it only looks between steps.
 """
 
@@ -34,6 +35,7 @@ class StepView:
     prefix_hits: dict[str, int] = field(default_factory=dict)  # tokens reused at admission
     finished: list[str] = field(default_factory=list)
     block_size: int = 16
+    drafts: dict[str, list[int]] = field(default_factory=dict)  # request id -> drafts checked
 
     def shared(self, request_id: str) -> int:
         """Blocks the request took from the prefix cache at admission in this step."""
@@ -49,12 +51,14 @@ class StepView:
         return sum(max(0, a - b) for a, b in self.blocks.values())
 
     def ran(self) -> str:
-        """'r0 prefill 16@0, r1 decode 1@33': request, kind, tokens @ first position."""
-        return ", ".join(f"r{e.request_id} {e.kind} {e.num_tokens}@{e.start}"
-                         for e in self.record.entries)
+        """'r0 prefill 16@0, r1 decode 1@33, r2 decode 1+4@40 (3 accepted)': request, kind,
+        tokens (+ drafts checked) @ first position."""
+        return ", ".join(f"r{e.request_id} {e.kind} {e.num_tokens}@{e.start}" if not e.num_draft_tokens else
+                         f"r{e.request_id} {e.kind} 1+{e.num_draft_tokens}@{e.start} "
+                         f"({e.num_accepted_tokens} accepted)" for e in self.record.entries)
 
-    def describe(self) -> str:
-        """The step in sentences."""
+    def describe(self, decode=None) -> str:
+        """The step in sentences; decode: token ids -> text, to show drafts as text."""
         r = self.record
         lines = [f"step {r.step} ({1e3 * r.duration:.2f} ms): {len(r.entries)} requests ran, "
                  f"{r.num_tokens} of the {self.budget}-token budget "
@@ -62,11 +66,18 @@ class StepView:
         for e in r.entries:
             what = (f"decodes 1 token at position {e.start}" if e.kind == "decode" else
                     f"prefills {e.num_tokens} tokens, positions {e.start}-{e.start + e.num_tokens - 1}")
+            if e.num_draft_tokens:
+                d = self.drafts.get(e.request_id, [])
+                shown = repr(decode(d)) if decode and d else str(d)
+                rejected = e.num_draft_tokens - e.num_accepted_tokens
+                what += (f" and checks {e.num_draft_tokens} drafts {shown} at positions "
+                         f"{e.start + 1}-{e.start + e.num_draft_tokens}: {e.num_accepted_tokens} "
+                         f"accepted, {rejected} rolled back, +{e.num_accepted_tokens + 1} tokens")
             before, after = self.blocks.get(e.request_id, (0, 0))
             change = f"{after - before:+d} blocks" if after != before else "no new block"
             if self.shared(e.request_id):
                 change += f", {self.shared(e.request_id)} of them shared from the prefix cache"
-            sampled = ", samples a token" if e.sample else ""
+            sampled = ", samples a token" if e.sample and not e.num_draft_tokens else ""
             lines.append(f"  r{e.request_id} {what}{sampled}; {change} (holds {after})")
         for rid, n in self.prefix_hits.items():
             lines.append(f"  r{rid} reused {n} prompt tokens from the prefix cache: its "
@@ -86,6 +97,7 @@ class StepTrace:
     steps: list[StepView]
     num_kv_blocks: int
     block_size: int
+    decode: object = None  # the model's token ids -> text, when it has a tokenizer
 
     def table(self, first: int = 0, last: int | None = None) -> Table:
         rows = [{"step": v.record.step, "ms": round(1e3 * v.record.duration, 2),
@@ -100,9 +112,14 @@ class StepTrace:
         return Table(rows, f"The engine's step trace, measured ({self.num_kv_blocks} KV blocks of "
                            f"{self.block_size} tokens)")
 
+    def rollbacks(self) -> list[int]:
+        """Indices of the steps where some request's drafts were rejected and rolled back."""
+        return [i for i, v in enumerate(self.steps)
+                if any(e.num_draft_tokens > e.num_accepted_tokens for e in v.record.entries)]
+
     def describe(self, step: int) -> str:
         """One step in sentences (its index in the trace)."""
-        return self.steps[step].describe()
+        return self.steps[step].describe(self.decode)
 
 
 def trace_requests(engine_or_llm, prompt_lens: Sequence[int] | None, max_tokens: int | Sequence[int],
@@ -141,6 +158,8 @@ def trace_requests(engine_or_llm, prompt_lens: Sequence[int] | None, max_tokens:
             arrivals[pending[0]] = len(views)
             continue
         held = {rid: len(kv.block_ids(rid)) for rid in ids}
+        drafts = {rid: list(engine.requests[rid].spec_token_ids) for rid in ids
+                  if rid in engine.requests and engine.requests[rid].spec_token_ids}
         admitted = {rid for rid in ids if engine.requests.get(rid) is not None
                     and engine.requests[rid].num_cached_tokens < 0}
         free, traced = kv.num_free_blocks, len(engine.trace)
@@ -157,5 +176,7 @@ def trace_requests(engine_or_llm, prompt_lens: Sequence[int] | None, max_tokens:
         views.append(StepView(engine.trace[-1], engine.config.max_num_batched_tokens, free,
                               kv.num_free_blocks, {r: (held[r], after[r]) for r in ids
                                                    if held[r] or after[r]}, hits,
-                              [o.request_id for o in outputs if o.finished], engine.config.block_size))
-    return StepTrace(views, engine.num_kv_blocks, engine.config.block_size)
+                              [o.request_id for o in outputs if o.finished], engine.config.block_size,
+                              drafts))
+    decode = engine.tokenizer.decode if engine.tokenizer is not None else None
+    return StepTrace(views, engine.num_kv_blocks, engine.config.block_size, decode)

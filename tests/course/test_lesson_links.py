@@ -1,6 +1,6 @@
 """Every lesson from 02 on opens the engine: at least one relative link into nanoserve/ that
 resolves to a file, and a prediction the learner writes down (a `my_prediction = ...` cell)
-before the measurement that answers it; lessons 02-06 also trace one step (course.trace_view)."""
+before the measurement that answers it; lessons 02-06 and 12 also trace one step (course.trace_view)."""
 
 import re
 from pathlib import Path
@@ -10,8 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-LESSONS = ("02", "03", "04", "05", "06", "07", "08", "09", "10", "11")
-TRACED = ("02", "03", "04", "05", "06")
+LESSONS = ("02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12")
+TRACED = ("02", "03", "04", "05", "06", "12")
 LINK = re.compile(r"\]\((\.\./nanoserve/[^)#\s]+)(?:#[^)]*)?\)")
 
 

@@ -1,4 +1,4 @@
-"""Every workshop lesson (00-09, 11) executes headless with nbclient, as `jupyter nbconvert --execute`
+"""Every workshop lesson (00-12) executes headless with nbclient, as `jupyter nbconvert --execute`
 and `make slides` do, within a per-cell timeout, widgets included (quick mode), and each widget
 leaves the figure of its default state in the notebook.
 

@@ -75,3 +75,17 @@ def test_bad_arrivals_and_prefixes_are_refused(llm):
         trace_view.trace_requests(llm, [8, 8], 2, arrival_steps=[0])
     with pytest.raises(ValueError, match="shared_prefix=20"):
         trace_view.trace_requests(llm, [8, 30], 2, shared_prefix=20)
+
+
+def test_drafts_checked_accepted_and_rolled_back_are_shown(llm):
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    t = trace_view.trace_requests(llm, None, 24, prompts=[[7, 8, 9, 10] * 6], speculative_config=spec)
+    checked = [(i, e) for i, v in enumerate(t.steps) for e in v.record.entries if e.num_draft_tokens]
+    assert checked, "a prompt that repeats itself gives prompt lookup something to draft"
+    for i, e in checked:
+        assert len(t.steps[i].drafts[e.request_id]) == e.num_draft_tokens
+        rejected = e.num_draft_tokens - e.num_accepted_tokens
+        assert f"checks {e.num_draft_tokens} drafts" in t.describe(i)
+        assert f"{e.num_accepted_tokens} accepted, {rejected} rolled back" in t.describe(i)
+    assert t.rollbacks() == sorted({i for i, e in checked if e.num_accepted_tokens < e.num_draft_tokens})
+    assert t.steps[-1].free_after == t.num_kv_blocks  # rejected positions' blocks came back too

@@ -41,6 +41,7 @@ ANSWER_KEY = {
     "ex07": ("nanoserve.measure.metrics",),
     "ex09": ("nanoserve.measure.cost",),
     "ex10": ("nanoserve.measure.metrics", "nanoserve.measure.http_result"),
+    "ex11": ("nanoserve.engine.spec_decode", "nanoserve.engine.rejection_sampler"),
 }
 ANSWER_KEY_ALL = tuple(sorted({k for keys in ANSWER_KEY.values() for k in keys}))
 # methods whose parent-class version is the answer: super().schedule(...), Scheduler.schedule(self, ...)
