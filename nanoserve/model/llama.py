@@ -62,6 +62,9 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(self.head_dim))
             self.k_norm = nn.Parameter(torch.ones(self.head_dim))
+        # an fp8 KV cache stores K / k_scale and V / v_scale; 1.0 is vLLM's default when the
+        # checkpoint carries none (engine/kv_cache.py says why it suffices here)
+        self.k_scale = self.v_scale = 1.0
 
     def forward(self, positions, x, kv_cache, attn: AttentionMetadata, cos_sin):
         T = x.shape[0]
@@ -74,8 +77,11 @@ class Attention(nn.Module):
             k = self.ops.rms_norm(k, self.k_norm, self.eps)
         q, k = self.ops.rotary_embedding(positions, q, k, cos_sin)
         k_cache, v_cache = kv_cache
-        self.ops.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping)
-        o = self.ops.paged_attention(q, k_cache, v_cache, attn, self.scale)  # (T, num_heads, head_dim)
+        # the scales go to the kernels only for a 1-byte cache, so a float cache calls a
+        # student's kernel without them as before
+        scales = {"k_scale": self.k_scale, "v_scale": self.v_scale} if k_cache.element_size() == 1 else {}
+        self.ops.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping, **scales)
+        o = self.ops.paged_attention(q, k_cache, v_cache, attn, self.scale, **scales)  # (T, heads, hd)
         return self.o_proj(o.reshape(T, self.q_size))
 
 
