@@ -124,6 +124,7 @@ class ModelConfig:
 
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")
+QUANTIZATION_METHODS = ("int8", "fp8")  # weight-only codes (model/quantization.py); None: none
 
 
 @dataclass
@@ -231,6 +232,8 @@ class EngineConfig:
     compile: bool = False  # wrap the model in torch.compile
     # speculative decoding: a SpeculativeConfig or a dict of its fields; None drafts nothing
     speculative_config: SpeculativeConfig | None = None
+    # the decoder layers' linear weights as 8-bit codes: "int8" or "fp8" (e4m3); None keeps the dtype
+    quantization: str | None = None
 
     def __post_init__(self):
         def check(name, ok, allowed):
@@ -288,6 +291,9 @@ class EngineConfig:
                   "None or a list of integers >= 1")
             self.cuda_graph_batch_sizes = sizes
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        check("quantization", self.quantization is None or (isinstance(self.quantization, str) and
+                                                            self.quantization in QUANTIZATION_METHODS),
+              f"None or one of {list(QUANTIZATION_METHODS)}")
 
     @property
     def num_speculative_tokens(self) -> int:
