@@ -127,6 +127,7 @@ SPECULATIVE_METHODS = ("ngram", "draft_model")
 # vLLM's CacheConfig names: "auto" stores K/V in the model's dtype; "fp8" (= "fp8_e4m3") in
 # float8 e4m3 with a per-layer scale for K and one for V (engine/kv_cache.py)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+QUANTIZATION_METHODS = ("int8", "fp8")  # weight-only codes (model/quantization.py); None: none
 
 
 @dataclass
@@ -235,6 +236,8 @@ class EngineConfig:
     # speculative decoding: a SpeculativeConfig or a dict of its fields; None drafts nothing
     speculative_config: SpeculativeConfig | None = None
     kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES: "auto" (the model's dtype) or "fp8"
+    # the decoder layers' linear weights as 8-bit codes: "int8" or "fp8" (e4m3); None keeps the dtype
+    quantization: str | None = None
 
     def __post_init__(self):
         def check(name, ok, allowed):
@@ -294,6 +297,9 @@ class EngineConfig:
                   "None or a list of integers >= 1")
             self.cuda_graph_batch_sizes = sizes
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        check("quantization", self.quantization is None or (isinstance(self.quantization, str) and
+                                                            self.quantization in QUANTIZATION_METHODS),
+              f"None or one of {list(QUANTIZATION_METHODS)}")
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -77,9 +77,10 @@ class LLMEngine:
                  dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
                  scheduler_cls=None, clock: Callable[[], float] = time.perf_counter,
                  kv_transfer_config=None, kv_manager_cls=None, speculative_config=None,
-                 kv_cache_dtype=None):
-        config = _with_fields(EngineConfig() if config is None else config,
-                              speculative_config=speculative_config, kv_cache_dtype=kv_cache_dtype)
+                 quantization=None, kv_cache_dtype=None):
+        config = _with_options(EngineConfig() if config is None else config,
+                               speculative_config=speculative_config, quantization=quantization,
+                               kv_cache_dtype=kv_cache_dtype)
         _check_options(config, scheduler_cls, clock, kv_manager_cls)  # before the model loads
         kv_transfer_config = _kv_transfer_config(kv_transfer_config)
         self._setup(ModelRunner.load(model, device, dtype, seed, config), config, scheduler_cls,
@@ -93,8 +94,8 @@ class LLMEngine:
         """An engine over an existing executor. KV blocks: config.num_kv_blocks, else all the
         executor holds; never more than it holds (a simulator's executor holds no memory, so
         config.num_kv_blocks is required there)."""
-        config = _with_fields(EngineConfig() if config is None else config,
-                              speculative_config=speculative_config)
+        config = _with_options(EngineConfig() if config is None else config,
+                               speculative_config=speculative_config)
         _check_options(config, scheduler_cls, clock, kv_manager_cls)
         engine = cls.__new__(cls)
         engine._setup(executor, config, scheduler_cls, clock, _kv_transfer_config(kv_transfer_config),
@@ -359,13 +360,13 @@ class LLMEngine:
         return prompt
 
 
-def _with_fields(config, **fields):
-    """config with the EngineConfig fields given as keywords (speculative_config: a
-    SpeculativeConfig, a dict or JSON; kv_cache_dtype), those left None kept."""
-    fields = {k: v for k, v in fields.items() if v is not None}
-    if not fields or not isinstance(config, EngineConfig):
+def _with_options(config, **options):
+    """config with the EngineConfig fields given as keyword arguments (those not None), validated
+    as EngineConfig validates them: LLM(model, speculative_config=..., quantization="int8")."""
+    given = {name: value for name, value in options.items() if value is not None}
+    if not given or not isinstance(config, EngineConfig):
         return config
-    return dataclasses.replace(config, **fields)
+    return dataclasses.replace(config, **given)
 
 
 def _num_accepted(seq, sampled: dict) -> int:

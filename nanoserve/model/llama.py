@@ -21,6 +21,7 @@ from torch import nn
 
 from nanoserve.config import ModelConfig
 from nanoserve.kernels import AttentionMetadata, get_ops, process_weights_after_loading
+from nanoserve.model.quantization import QuantizationConfig, make_linear
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -47,7 +48,7 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops):
+    def __init__(self, cfg: ModelConfig, ops, quant_config: QuantizationConfig | None = None):
         super().__init__()
         self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = \
@@ -56,9 +57,9 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
         self.eps = cfg.rms_norm_eps
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = make_linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                    cfg.attention_bias, quant_config)
+        self.o_proj = make_linear(self.q_size, cfg.hidden_size, False, quant_config)
         if cfg.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(self.head_dim))
             self.k_norm = nn.Parameter(torch.ones(self.head_dim))
@@ -86,22 +87,22 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops):
+    def __init__(self, cfg: ModelConfig, ops, quant_config: QuantizationConfig | None = None):
         super().__init__()
         self.ops = ops
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, quant_config)
+        self.down_proj = make_linear(cfg.intermediate_size, cfg.hidden_size, False, quant_config)
 
     def forward(self, x):
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))  # (T, 2 * intermediate)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops):
+    def __init__(self, cfg: ModelConfig, ops, quant_config: QuantizationConfig | None = None):
         super().__init__()
         self.ops, self.eps = ops, cfg.rms_norm_eps
-        self.self_attn = Attention(cfg, ops)
-        self.mlp = MLP(cfg, ops)
+        self.self_attn = Attention(cfg, ops, quant_config)
+        self.mlp = MLP(cfg, ops, quant_config)
         self.input_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
 
@@ -117,14 +118,18 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama/Qwen2/Qwen3 causal LM. forward() -> hidden states; compute_logits() -> logits."""
+    """Llama/Qwen2/Qwen3 causal LM. forward() -> hidden states; compute_logits() -> logits.
 
-    def __init__(self, cfg: ModelConfig, device="cpu"):
+    quant_config: the decoder layers' linears hold 8-bit codes (model/quantization.py); the
+    embedding and lm_head stay in the model's dtype."""
+
+    def __init__(self, cfg: ModelConfig, device="cpu", quant_config: QuantizationConfig | None = None):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.quant_config = cfg, quant_config
         self.ops = get_ops(device)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, self.ops) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self.ops, quant_config)
+                                    for _ in range(cfg.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
