@@ -7,8 +7,9 @@ cpu_attention_bf16.cpp); benchmarks/cpu_attention.py measures it against the tor
 
 `paged_attention` has the reference's contract: the leading decode rows go to the C++ op in one
 call, prefill rows (SDPA's flash kernel reads them once already) to reference.sequence_attention.
-Decodes the op cannot take go to `grouped_decode_attention`, torch in cache-sized groups: among
-them those over an fp8 cache, dequantized a group at a time in the gather buffer.
+Decodes the op cannot take go to `grouped_decode_attention`, torch in cache-sized groups. An fp8
+(e4m3) cache goes to the op beside any model dtype: it reads one byte a value and folds the
+scales into the query and the output.
 cpu_build.py builds the op (`available()` and `unavailable_reason()` are its).
 """
 
@@ -61,8 +62,8 @@ def decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale
                      k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """grouped_decode_attention's contract: qd (D, kvh, g, hd) -> od, in one C++ call."""
     D, kvh, g, hd = qd.shape
-    if hd % 8 or k_cache.dtype != qd.dtype or not k_cache.is_contiguous():
-        # the op's rows are whole 8-float vectors, in the model's dtype, in the default layout
+    if hd % 8 or k_cache.dtype not in (qd.dtype, torch.float8_e4m3fn) or not k_cache.is_contiguous():
+        # the op's rows are whole 8-float vectors, in the model's dtype or e4m3, default layout
         return grouped_decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale,
                                         k_scale, v_scale)
     q = qd.reshape(D, kvh * g, hd)  # a view for rows of the fused qkv output
@@ -70,7 +71,7 @@ def decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale
         q = q.contiguous()
     out = od.view(D, kvh * g, hd) if od.is_contiguous() else torch.empty_like(q)
     torch.ops.nanoserve_cpu.decode_attention(q, out, k_cache, v_cache, tables.int().contiguous(),
-                                             d_lens.int(), scale)
+                                             d_lens.int(), scale, k_scale, v_scale)
     if out.data_ptr() != od.data_ptr():
         od.copy_(out.view_as(od))
 
