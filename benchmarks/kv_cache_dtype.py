@@ -51,6 +51,7 @@ def main(argv=None) -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--rate", type=float, default=2.0)
     ap.add_argument("--slo", default="ttft<=2s,tpot<=150ms")
+    ap.add_argument("--also-slo", nargs="*", default=["ttft<=8s"], help="more SLOs to score the same runs at")
     ap.add_argument("--decode-batch", type=int, default=8)
     ap.add_argument("--quality", action="store_true", help="also the real model's quality")
     args = ap.parse_args(argv)
@@ -66,8 +67,11 @@ def main(argv=None) -> None:
     runs = [X.serve_workload(llm, args.requests, args.input_len, args.output_len, args.rate,
                              args.slo) for llm in llms.values()]
     print(X.goodput_table(runs, args.slo))
-    if runs[0].goodput:
-        print(f"fp8 / auto goodput: {runs[1].goodput / runs[0].goodput:.2f}x\n")
+    for slo in (args.slo, *args.also_slo):
+        g = [r.goodput_at(slo) for r in runs]
+        print(f"goodput at {slo}: auto {g[0]:.3g}, fp8 {g[1]:.3g} req/s"
+              + (f"; fp8 / auto {g[1] / g[0]:.2f}x" if g[0] else ""))
+    print()
 
     batch, context = args.decode_batch, args.input_len
     steps = {kv: X.decode_step_time(llm, batch, context) for kv, llm in llms.items()}

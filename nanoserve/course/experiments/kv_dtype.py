@@ -16,6 +16,7 @@ from nanoserve.config import EngineConfig
 from nanoserve.course.table import Table
 from nanoserve.engine.llm import LLM, engine_of
 from nanoserve.measure.bench import replay
+from nanoserve.measure.metrics import goodput
 from nanoserve.measure.workload import synthetic
 from nanoserve.sampling_params import SamplingParams
 
@@ -24,7 +25,7 @@ KV_DTYPES = ("auto", "fp8")
 
 def kv_engine(model: str, dtype: str, kv_cache_dtype: str, kv_memory: int, **config) -> LLM:
     """An engine of `model` whose KV cache gets exactly kv_memory bytes, in kv_cache_dtype."""
-    return LLM(model, "cpu", dtype, config=EngineConfig(kv_cache_memory=kv_memory,
+    return LLM(model, None, dtype, config=EngineConfig(kv_cache_memory=kv_memory,
                                                         kv_cache_dtype=kv_cache_dtype, **config))
 
 
@@ -55,7 +56,7 @@ def capacity_table(rows: list[CapacityRow], kv_memory: int, request_len: int) ->
                    "blocks": r.num_kv_blocks, "tokens": r.tokens,
                    f"max batch ({request_len} tokens each)": r.max_batch,
                    "blocks vs first": round(r.num_kv_blocks / base.num_kv_blocks, 2)} for r in rows],
-                 f"{kv_memory / 2**20:.0f} MiB of KV cache (measured: the engines' own block counts)")
+                 f"{kv_memory / 2**20:.3g} MiB of KV cache (measured: the engines' own block counts)")
 
 
 @dataclass
@@ -71,6 +72,11 @@ class GoodputRun:
     preemptions: int
     max_running: int  # most decodes in one step
     duration: float
+    outputs: list  # the requests' final RequestOutputs, to score against other SLOs
+
+    def goodput_at(self, slo: str) -> float:
+        """Requests/s of this run within `slo` (another SLO than the one it was scored at)."""
+        return goodput(self.outputs, slo, self.duration)
 
 
 def serve_workload(llm, num_requests: int, input_len: int, output_len: int, rate: float,
@@ -86,7 +92,8 @@ def serve_workload(llm, num_requests: int, input_len: int, output_len: int, rate
     return GoodputRun(engine.config.kv_cache_dtype, engine.num_kv_blocks, m.goodput, m.slo_attainment,
                       m.output_throughput, m.ttft.median, m.ttft.p90, m.tpot.median,
                       engine.stats.preemptions - before,
-                      max((s.num_decode_tokens for s in res.trace), default=0), res.duration)
+                      max((s.num_decode_tokens for s in res.trace), default=0), res.duration,
+                      res.outputs)
 
 
 def goodput_table(runs: list[GoodputRun], slo: str) -> Table:
@@ -98,6 +105,13 @@ def goodput_table(runs: list[GoodputRun], slo: str) -> Table:
                    "within SLO": f"{r.attainment:.0%}",
                    "goodput vs first": round(r.goodput / base.goodput, 2) if base.goodput else None}
                   for r in runs], "The same workload and KV memory (measured on this machine)", ".3g")
+
+
+def slo_for(itl: float, output_len: int) -> str:
+    """An SLO scaled to this device: the first token within 1.5 generations of output_len tokens
+    at the batch-1 step `itl` (a request may wait for about one batch to finish, not for two),
+    and each later token within 4 batch-1 steps."""
+    return f"ttft<={1.5 * output_len * itl:.3g}s,tpot<={4 * itl:.3g}s"
 
 
 def decode_step_time(llm, batch: int, context: int, steps: int = 16) -> float:

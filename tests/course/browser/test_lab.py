@@ -1,4 +1,4 @@
-"""Lessons 05 and 07 in JupyterLab in a real browser, quick mode: every cell runs, no error
+"""Lessons 05, 07 and 13 in JupyterLab in a real browser, quick mode: every cell runs, no error
 output, the widgets render with a figure, and moving a slider changes the figure. nbval runs
 the kernel only; this runs the widget front end too. Also: RISE (live slides) loads.
 """
@@ -88,7 +88,7 @@ def wait_changed(img, before: str, timeout: float = 120):
     pytest.fail(f"the figure did not change within {timeout:.0f} s of moving the slider")
 
 
-@pytest.mark.parametrize("number", ["05", "07"])
+@pytest.mark.parametrize("number", ["05", "07", "13"])
 def test_lesson_runs_and_its_widget_responds(browser, lab, artifacts, number):
     path = lessons.lesson_path(number).name
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
