@@ -20,28 +20,32 @@ from nanoserve.engine.llm import LLM, engine_of
 from nanoserve.measure import roofline
 from nanoserve.measure.workload import synthetic
 
-# format -> (model dtype, quantization, bytes per linear weight)
-WEIGHT_FORMATS = {"float32": ("float32", None, 4), "bfloat16": ("bfloat16", None, 2),
-                  "int8": ("bfloat16", "int8", 1), "fp8": ("bfloat16", "fp8", 1)}
+# format -> (model dtype, quantization)
+WEIGHT_FORMATS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
+                  "int8": ("bfloat16", "int8"), "fp8": ("bfloat16", "fp8")}
 
 
 def load(model: str, weight_format: str, kv_cache_dtype: str = "auto", **config) -> LLM:
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format={weight_format!r}; choose from {list(WEIGHT_FORMATS)}")
-    dtype, quantization, _ = WEIGHT_FORMATS[weight_format]
+    dtype, quantization = WEIGHT_FORMATS[weight_format]
     return LLM(model, None, dtype, config=EngineConfig(quantization=quantization,
                                                         kv_cache_dtype=kv_cache_dtype, **config))
 
 
-def decode_floor(cfg, weight_format: str, batch: int, context: int, ceilings) -> tuple[float, float]:
-    """(bytes, seconds) a decode step must read at least: linears at the format's width, lm_head,
-    activations and KV in the model dtype (modelled: measure.roofline.step_cost)."""
-    dtype, _, width = WEIGHT_FORMATS[weight_format]
-    model_bytes = roofline.dtype_bytes(dtype)
-    batch_ = roofline.decode_batch(batch, context)
-    narrow, wide = roofline.step_cost(cfg, batch_, width), roofline.step_cost(cfg, batch_, model_bytes)
-    nbytes = wide.total_bytes - wide.bytes["linear"] + narrow.bytes["linear"]
-    return nbytes, nbytes / ceilings.bandwidth
+def decode_floor(llm, batch: int, context: int, ceilings) -> tuple[float, float]:
+    """(bytes, seconds) a decode step of `llm` must read at least: its linears' weights as they are
+    stored (8-bit codes and their scales, or the model dtype), the lm_head, activations and KV in
+    the model dtype (modelled: measure.roofline.step_cost over this device's bandwidth)."""
+    engine = engine_of(llm)
+    quantized = [m for m in engine.model.modules() if hasattr(m, "qweight")]
+    width = None
+    if quantized:  # bytes per weight, the scales' share included
+        width = (sum(m.qweight.nbytes + m.weight_scale.nbytes for m in quantized)
+                 / sum(m.qweight.numel() for m in quantized))
+    cost = roofline.step_cost(engine.model_config, roofline.decode_batch(batch, context),
+                              engine.dtype.itemsize, engine.kv_cache_dtype.itemsize, width)
+    return cost.total_bytes, cost.total_bytes / ceilings.bandwidth
 
 
 @dataclass
@@ -63,7 +67,7 @@ def weight_formats_itl(model: str, formats, context: int, steps: int, ceilings) 
         llm = load(model, fmt, num_kv_blocks=-(-(context + steps + 2) // 16) + 2)
         decode_step_time(llm, 1, context, 2)  # warm-up: lazy packing, first-call costs
         itl = decode_step_time(llm, 1, context, steps)
-        nbytes, floor = decode_floor(engine_of(llm).model_config, fmt, 1, context, ceilings)
+        nbytes, floor = decode_floor(llm, 1, context, ceilings)
         rows.append(WeightRow(fmt, nbytes, floor, itl))
         del llm
     return rows
