@@ -43,10 +43,11 @@ def test_fp8_attention_is_attention_over_the_dequantized_cache(seqs, kv_heads, g
     exact = reference.paged_attention(q, k, v, attn, scale)
     assert (got - exact).pow(2).mean().sqrt() < RMS
     assert (got - exact).abs().max() < MAX_ABS
-    # the CPU backend (torch's grouped decode over the dequantized gather; prefill rows as the
-    # reference does them) gives the reference's answer
-    torch.testing.assert_close(cpu_attention.paged_attention(q, k8, v8, attn, scale, k_scale, v_scale),
-                               got, **TOL[torch.float32])
+    # the CPU backend (the C++ decode attention reading e4m3, prefill rows as the reference does
+    # them) gives the reference's answer, where the C++ ops build (cpu_build.py)
+    if cpu_attention.available():
+        torch.testing.assert_close(cpu_attention.paged_attention(q, k8, v8, attn, scale, k_scale, v_scale),
+                                   got, **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
