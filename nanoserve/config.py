@@ -124,6 +124,10 @@ class ModelConfig:
 
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")
+# vLLM's CacheConfig names: "auto" stores K/V in the model's dtype; "fp8" (= "fp8_e4m3") in
+# float8 e4m3 with a per-layer scale for K and one for V (engine/kv_cache.py)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+QUANTIZATION_METHODS = ("int8", "fp8")  # weight-only codes (model/quantization.py); None: none
 
 
 @dataclass
@@ -231,6 +235,9 @@ class EngineConfig:
     compile: bool = False  # wrap the model in torch.compile
     # speculative decoding: a SpeculativeConfig or a dict of its fields; None drafts nothing
     speculative_config: SpeculativeConfig | None = None
+    kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES: "auto" (the model's dtype) or "fp8"
+    # the decoder layers' linear weights as 8-bit codes: "int8" or "fp8" (e4m3); None keeps the dtype
+    quantization: str | None = None
 
     def __post_init__(self):
         def check(name, ok, allowed):
@@ -278,6 +285,8 @@ class EngineConfig:
         check("scheduling_policy", self.scheduling_policy in ("continuous", "static"),
               "'continuous' or 'static'")
         check("priority", self.priority in ("decode", "prefill"), "'decode' or 'prefill'")
+        check("kv_cache_dtype", self.kv_cache_dtype in KV_CACHE_DTYPES,
+              " or ".join(map(repr, KV_CACHE_DTYPES)))
         sizes = self.cuda_graph_batch_sizes
         if sizes is not None:
             try:
@@ -288,6 +297,9 @@ class EngineConfig:
                   "None or a list of integers >= 1")
             self.cuda_graph_batch_sizes = sizes
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        check("quantization", self.quantization is None or (isinstance(self.quantization, str) and
+                                                            self.quantization in QUANTIZATION_METHODS),
+              f"None or one of {list(QUANTIZATION_METHODS)}")
 
     @property
     def num_speculative_tokens(self) -> int:

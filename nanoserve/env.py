@@ -33,6 +33,8 @@ VARIABLES = {v.name: v for v in (
     EnvVar("TRITON_INTERPRET", None, "triton's own: 1 runs the Triton kernels on a CPU, interpreted "
                                      "(set before triton is imported; the kernel tests set it)"),
     EnvVar("CXX", None, "the C++ compiler for the CPU ops; unset: c++, else g++ on PATH"),
+    EnvVar("NANOSERVE_CPU_MARCH", "native", "the -march the CPU ops are built for (the tests also "
+                                            "build x86-64-v3, AVX2 only, and x86-64-v2, without AVX)"),
     EnvVar("OPENAI_API_KEY", None, "loadgen's bearer token when --api-key is not given (as vLLM's "
                                    "client reads it)"),
     EnvVar("NANOSERVE_IMPL", "solutions", "tests and grader: which exercise code tests/exercises grades, "

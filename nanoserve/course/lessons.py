@@ -22,8 +22,8 @@ NOTEBOOKS = ROOT / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # the lessons with speaker notes: the decks, the headless-execution test and the instructor guide
-# cover these (a new lesson joins once it has its notes; 11 and 12 are second-day lessons)
-WORKSHOP_LESSONS = tuple(f"{n:02d}" for n in range(13))
+# cover these (a new lesson joins once it has its notes; 11 to 13 are second-day lessons)
+WORKSHOP_LESSONS = tuple(f"{n:02d}" for n in range(14))
 # The course's thirteen claims, each measured by one lesson section: claim id -> (lesson, the
 # section's heading, what the measurement shows). workshop/agenda.md's core path shows every one
 # (tests/course/test_workshop.py checks the headings exist and the agenda covers all thirteen).

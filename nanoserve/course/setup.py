@@ -163,6 +163,18 @@ SIZES: dict[str, dict[str, dict]] = {
            "cuda": dict(model="smollm2-135m", k=4, verify_batches=(1, 16, 64, 128), positions=(1, 2, 5, 8),
                         verify_context=512, verify_steps=8, max_tokens=128, reps=3, big_batch=64,
                         trace_tokens=48, samples=50000, kv_blocks=8192)},
+    # formats: the weight formats timed at batch 1 (context, steps); kv_memory: the bytes both KV
+    # caches get, a few requests' worth; requests .. rate: the goodput workload; prefill_len: the
+    # compute-bound prompt; quality_model: the model whose quality and generations are compared
+    "13": {"quick": dict(model=DEMO_MODEL_DIR, formats=("float32", "bfloat16", "int8", "fp8"), context=32,
+                         steps=6, kv_memory=3 * 2**17, requests=12, input_len=32, output_len=16, rate=50.0,
+                         prefill_len=256, quality_model=DEMO_MODEL_DIR, quality_tokens=24),
+           "cpu": dict(model="preset:llama-120m", formats=("float32", "bfloat16", "int8", "fp8"), context=128,
+                       steps=8, kv_memory=int(7.5 * 2**20), requests=16, input_len=128, output_len=32,
+                       rate=1.0, prefill_len=1024, quality_model="smollm2-135m", quality_tokens=48),
+           "cuda": dict(model="preset:llama-3.2-1b", formats=("bfloat16", "int8", "fp8"), context=512,
+                        steps=16, kv_memory=2**28, requests=64, input_len=512, output_len=128, rate=8.0,
+                        prefill_len=4096, quality_model="smollm2-135m", quality_tokens=48)},
 }
 
 
@@ -173,7 +185,7 @@ def lesson_model(device: str | None = None, quick: bool | None = None) -> str:
 
 
 def sizes(lesson: str, quick: bool | None = None, device: str | None = None) -> dict:
-    """The sizes lesson `lesson` ("00".."12") uses here (quick, or for this device), its model
+    """The sizes lesson `lesson` ("00".."13") uses here (quick, or for this device), its model
     under "model"."""
     if lesson not in SIZES:
         raise ValueError(f"lesson {lesson!r} has no sizes; choose from {sorted(SIZES)}")
@@ -188,10 +200,16 @@ def load_llm(model: str | None = None, device: str | None = None, dtype: str | N
 
     Quick mode on a CPU runs torch on one thread: CI runs two notebooks at once on two cores, and
     two-thread OpenMP work sharing a core with other work slows down many times over."""
-    if quick_mode() and device_kind(device) == "cpu":
-        torch.set_num_threads(1)
+    set_threads_for_quick_mode(device)
     return LLM(model or lesson_model(device), device=device, dtype=dtype, seed=seed,
                config=EngineConfig(**config))
+
+
+def set_threads_for_quick_mode(device: str | None = None) -> None:
+    """Quick mode on a CPU runs torch on one thread (load_llm says why); a lesson that loads its
+    own engines calls this first."""
+    if quick_mode() and device_kind(device) == "cpu":
+        torch.set_num_threads(1)
 
 
 def text_llm(device: str | None = None) -> LLM:

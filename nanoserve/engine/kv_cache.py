@@ -19,6 +19,15 @@ its blocks (prefix caching, as in vLLM v1):
 The tensors themselves (per layer K and V of shape (num_blocks, block_size,
 num_kv_heads, head_dim)) are allocated by `allocate_kv_cache`; the manager only does
 bookkeeping, so the simulator reuses it unchanged.
+
+Their dtype is EngineConfig.kv_cache_dtype (`kv_cache_torch_dtype`): "auto" the model's, "fp8"
+float8 e4m3, one byte a value, so the same memory holds twice the blocks of bf16 and four times
+those of fp32; every size below is in the cache's dtype. The fp8 cache stores K / k_scale and
+V / v_scale with one scale per layer for each (vLLM's default), fixed at 1.0 as vLLM does when
+the checkpoint has none: e4m3 keeps 3 mantissa bits at any magnitude from 2^-6 to 448, and a
+Llama's K and V after RoPE sit well inside that range (benchmarks/kv_cache_dtype.py prints
+their largest magnitude), so a scale would only move values that are already representable;
+beyond 448 the write saturates instead of overflowing.
 """
 
 from __future__ import annotations
@@ -247,11 +256,26 @@ class KVCacheManager:
                 f"cached map entry {h.hex()[:8]} points at block {b.block_id} with another hash"
 
 
+# EngineConfig.kv_cache_dtype's names (vLLM's) other than "auto", and the torch dtype each stores
+KV_CACHE_TORCH_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype | str) -> torch.dtype:
+    """The dtype the KV cache is stored in: the model's for "auto", float8_e4m3fn for "fp8"."""
+    if kv_cache_dtype == "auto":
+        return getattr(torch, model_dtype) if isinstance(model_dtype, str) else model_dtype
+    if kv_cache_dtype not in KV_CACHE_TORCH_DTYPES:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is invalid; allowed: 'auto', "
+                         + ", ".join(map(repr, KV_CACHE_TORCH_DTYPES)))
+    return KV_CACHE_TORCH_DTYPES[kv_cache_dtype]
+
+
 def _element_size(dtype: torch.dtype | str) -> int:
     """Bytes per element of a torch dtype or its name ('bfloat16')."""
     if isinstance(dtype, str):
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise ValueError(f"dtype {dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16')")
+            raise ValueError(f"dtype {dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16', "
+                             "'float8_e4m3fn')")
         dtype = getattr(torch, dtype)
     return dtype.itemsize
 

@@ -40,7 +40,7 @@ import torch
 MAGIC, VERSION = b"NSKV", 1
 HEADER = struct.Struct("<4sHHIIIIIIQ")  # magic, version, dtype, kind, L, H, D, tokens, crc, bytes
 HEADER_SIZE = 64
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn)  # the header's codes
 KINDS = ("host", "cuda_ipc")
 NAME = re.compile(r"^nskv([0-9a-f]{1,8})_[0-9a-f]{1,8}_[0-9a-f]{6}$")
 _counter = itertools.count()

@@ -76,8 +76,11 @@ class LLMEngine:
     def __init__(self, model: str | ModelConfig | None = None, device: str | None = None,
                  dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
                  scheduler_cls=None, clock: Callable[[], float] = time.perf_counter,
-                 kv_transfer_config=None, kv_manager_cls=None, speculative_config=None):
-        config = _with_speculation(EngineConfig() if config is None else config, speculative_config)
+                 kv_transfer_config=None, kv_manager_cls=None, speculative_config=None,
+                 quantization=None, kv_cache_dtype=None):
+        config = _with_options(EngineConfig() if config is None else config,
+                               speculative_config=speculative_config, quantization=quantization,
+                               kv_cache_dtype=kv_cache_dtype)
         _check_options(config, scheduler_cls, clock, kv_manager_cls)  # before the model loads
         kv_transfer_config = _kv_transfer_config(kv_transfer_config)
         self._setup(ModelRunner.load(model, device, dtype, seed, config), config, scheduler_cls,
@@ -91,7 +94,8 @@ class LLMEngine:
         """An engine over an existing executor. KV blocks: config.num_kv_blocks, else all the
         executor holds; never more than it holds (a simulator's executor holds no memory, so
         config.num_kv_blocks is required there)."""
-        config = _with_speculation(EngineConfig() if config is None else config, speculative_config)
+        config = _with_options(EngineConfig() if config is None else config,
+                               speculative_config=speculative_config)
         _check_options(config, scheduler_cls, clock, kv_manager_cls)
         engine = cls.__new__(cls)
         engine._setup(executor, config, scheduler_cls, clock, _kv_transfer_config(kv_transfer_config),
@@ -147,6 +151,12 @@ class LLMEngine:
     @property
     def dtype(self):
         return self.executor.dtype
+
+    @property
+    def kv_cache_dtype(self):
+        """The torch dtype the KV cache stores (EngineConfig.kv_cache_dtype resolved): the
+        model's dtype, or torch.float8_e4m3fn for "fp8"."""
+        return getattr(self.executor, "kv_cache_dtype", self.dtype)
 
     @property
     def tokenizer(self):
@@ -350,11 +360,13 @@ class LLMEngine:
         return prompt
 
 
-def _with_speculation(config, speculative_config):
-    """config with speculative_config (a SpeculativeConfig, a dict or JSON) when one is given."""
-    if speculative_config is None or not isinstance(config, EngineConfig):
+def _with_options(config, **options):
+    """config with the EngineConfig fields given as keyword arguments (those not None), validated
+    as EngineConfig validates them: LLM(model, speculative_config=..., quantization="int8")."""
+    given = {name: value for name, value in options.items() if value is not None}
+    if not given or not isinstance(config, EngineConfig):
         return config
-    return dataclasses.replace(config, speculative_config=speculative_config)
+    return dataclasses.replace(config, **given)
 
 
 def _num_accepted(seq, sampled: dict) -> int:

@@ -22,7 +22,12 @@ import torch
 from nanoserve.config import EngineConfig, ModelConfig, default_device
 from nanoserve.engine.executor import Executor, RequestFailed
 from nanoserve.engine.input_buffers import InputBuffers
-from nanoserve.engine.kv_cache import allocate_kv_cache, kv_bytes_per_block, num_blocks_in
+from nanoserve.engine.kv_cache import (
+    allocate_kv_cache,
+    kv_bytes_per_block,
+    kv_cache_torch_dtype,
+    num_blocks_in,
+)
 from nanoserve.engine.kv_connector import KVConnectorRole
 from nanoserve.engine.kv_transport import KVLayout
 from nanoserve.engine.rejection_sampler import RejectionSampler
@@ -36,7 +41,8 @@ from nanoserve.errors import InvalidRequest, as_int
 def num_kv_blocks_for(ecfg: EngineConfig, mcfg: ModelConfig, dtype, device, max_model_len: int) -> int:
     """Blocks from num_kv_blocks, or a byte budget: kv_cache_memory, else on CUDA
     gpu_memory_utilization of total memory minus what is already in use, on a CPU
-    `cpu_kv_cache_budget` capped by what max_num_seqs requests of max_model_len tokens can use."""
+    `cpu_kv_cache_budget` capped by what max_num_seqs requests of max_model_len tokens can use.
+    `dtype` is the cache's (kv_cache_torch_dtype): an fp8 block is half a bf16 one."""
     if ecfg.num_kv_blocks is not None:
         return ecfg.num_kv_blocks
     budget, most_needed = ecfg.kv_cache_memory, None
@@ -124,8 +130,10 @@ class ModelRunner(Executor):
         # optional torch.compile: fuses the elementwise ops around the matmuls
         self.forward = torch.compile(model, dynamic=True) if ecfg.compile else model
         self.device, self.dtype = torch.device(device), dtype
+        self.kv_cache_dtype = kv_cache_torch_dtype(ecfg.kv_cache_dtype, dtype)  # what the cache stores
         self.block_size = ecfg.block_size
-        self.kv_caches = allocate_kv_cache(mcfg, num_blocks, ecfg.block_size, dtype, device)
+        self.kv_caches = allocate_kv_cache(mcfg, num_blocks, ecfg.block_size, self.kv_cache_dtype,
+                                           device)
         self.sampler = Sampler(device, seed)
         self.inputs = InputBuffers(device, ecfg.block_size)
         self.rejection_sampler = RejectionSampler(self.sampler)
@@ -159,9 +167,10 @@ class ModelRunner(Executor):
                                  else f"dtype={dtype!r} is not a dtype name") from None
         torch.manual_seed(seed)
         model = model if model is not None else default_model()
-        net, mcfg, folder = load_model(model, device, dtype, seed)
+        net, mcfg, folder = load_model(model, device, dtype, seed, config.quantization)
         tokenizer = load_tokenizer(folder) if folder is not None else None
-        num_blocks = num_kv_blocks_for(config, mcfg, dtype, device, config.max_model_len_for(mcfg))
+        num_blocks = num_kv_blocks_for(config, mcfg, kv_cache_torch_dtype(config.kv_cache_dtype, dtype),
+                                       device, config.max_model_len_for(mcfg))
         runner = cls(net, mcfg, config, device, dtype, num_blocks, seed, tokenizer)
         if isinstance(model, str):
             runner.model_name = os.path.basename(os.path.normpath(model)) if folder else model

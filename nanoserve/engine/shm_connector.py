@@ -87,7 +87,10 @@ def _gather(cache: torch.Tensor, slots: torch.Tensor, dst: torch.Tensor) -> None
 
 
 def _scatter(cache: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> None:
-    _flat(cache).index_copy_(0, slots, src.to(cache.device))
+    dst, src = _flat(cache), src.to(cache.device)
+    if dst.element_size() == 1:  # an fp8 cache: torch has no fp8 index_copy_ on a CPU, bytes do
+        dst, src = dst.view(torch.uint8), src.view(torch.uint8)
+    dst.index_copy_(0, slots, src)
 
 
 def _unlink_all(live: dict, pending: dict) -> None:

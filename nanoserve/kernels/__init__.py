@@ -10,8 +10,10 @@ needs TRITON_INTERPRET=1 set before the first import, and is very slow).
 
 Beside the layer's kernels, the same dispatch serves the engine: `argmax` (greedy sampling; C++
 on the CPU backend, cpu_argmax.py) and `process_weights_after_loading(model)` (a CPU repacks the
-linear weights for oneDNN, cpu_gemm.py). A CPU backend's process-wide setup, the allocator
-thresholds of cpu_malloc.py, is applied when get_ops first serves a CPU.
+linear weights for oneDNN, cpu_gemm.py, and on the CPU backend puts quantized linears on the C++
+GEMV over their codes, cpu_quant_gemm.py; the reference, quantization.py, dequantizes per call).
+A CPU backend's process-wide setup, the allocator thresholds of cpu_malloc.py, is applied when
+get_ops first serves a CPU.
 
 Plug points (the engine never imports course material; a student's kernel is passed in):
 `kernel_ops(base, paged_attention=mine)` builds a namespace with some kernels replaced, and
@@ -34,6 +36,7 @@ from nanoserve.kernels import (
     cpu_gemm,
     cpu_layer_ops,
     cpu_malloc,
+    cpu_quant_gemm,
     reference,
 )
 from nanoserve.kernels.metadata import AttentionMetadata
@@ -83,9 +86,12 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 def process_weights_after_loading(model) -> None:
     """Prepare a loaded model's weights for this device's fast paths, once (vLLM's hook name):
-    on a CPU that oneDNN supports, prepacked linears (cpu_gemm.pack_model); elsewhere nothing."""
+    on a CPU that oneDNN supports, prepacked linears (cpu_gemm.pack_model); on the CPU backend,
+    quantized linears on the C++ ops (cpu_quant_gemm.pack_quantized); elsewhere nothing."""
     if next(model.parameters()).device.type == "cpu":
         cpu_gemm.pack_model(model)
+        if kernel_backend("cpu") == "cpu":
+            cpu_quant_gemm.pack_quantized(model)
 
 
 def kernel_ops(base=None, **overrides) -> SimpleNamespace:

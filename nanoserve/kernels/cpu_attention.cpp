@@ -6,8 +6,10 @@
 // and nothing is written but the output; while it computes with one cache block, the next 16 KB
 // of what the thread reads (its K, its V, then the next item's K) is prefetched, a few lines at a
 // time between its arithmetic (BlockStream in cpu_common.h). Scores, softmax and the weighted sum
-// of V run in fp32 whatever the cache's dtype (fp32, bf16, fp16; a bf16 cache on a CPU with
-// AVX512-BF16 goes to cpu_attention_bf16.cpp). Work items are spread over torch's own OpenMP
+// of V run in fp32 whatever the cache's dtype (fp32, bf16, fp16 as the model's; a bf16 cache on a
+// CPU with AVX512-BF16 goes to cpu_attention_bf16.cpp; or fp8 e4m3 beside any model dtype, its
+// k_scale folded into the query and its v_scale into the output, so dequantizing costs one table
+// lookup per value read). Work items are spread over torch's own OpenMP
 // threads (at::parallel_for), so the process keeps one thread team.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -128,17 +130,20 @@ void attend(const float* qf, const T* k_cache, const T* v_cache, const int32_t* 
   });
 }
 
-template <typename T>
+// T: q's and out's dtype; C: the cache's (T, or c10::Float8_e4m3fn)
+template <typename T, typename C>
 void decode_attention_impl(const at::Tensor& q, const at::Tensor& out, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& block_tables,
-                           const at::Tensor& seq_lens, double scale) {
+                           const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
   TORCH_CHECK(q.dim() == 3 && q.size(0) > 0 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "decode_attention: q must be (D > 0, num_heads, head_dim) with contiguous rows");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
               "decode_attention: out must be a contiguous tensor like q");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes() &&
-              k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "decode_attention: caches must be contiguous (num_blocks, block_size, kvh, head_dim) in q's dtype");
+              k_cache.scalar_type() == v_cache.scalar_type() &&
+              (k_cache.scalar_type() == q.scalar_type() || k_cache.scalar_type() == at::kFloat8_e4m3fn),
+              "decode_attention: caches must be contiguous (num_blocks, block_size, kvh, head_dim) in q's "
+              "dtype or float8_e4m3fn");
   TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(2) % 8 == 0 && q.size(1) % k_cache.size(2) == 0,
               "decode_attention: head_dim must match the cache's and be a multiple of 8; "
               "num_heads a multiple of kv heads");
@@ -152,18 +157,19 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& out, const at:
   const int64_t block_size = k_cache.size(1), kvh = k_cache.size(2), group = H / kvh;
   const T* qp = static_cast<const T*>(q.const_data_ptr());
   T* op = static_cast<T*>(out.data_ptr());
-  const T* kp = static_cast<const T*>(k_cache.const_data_ptr());
-  const T* vp = static_cast<const T*>(v_cache.const_data_ptr());
+  const C* kp = static_cast<const C*>(k_cache.const_data_ptr());
+  const C* vp = static_cast<const C*>(v_cache.const_data_ptr());
   const int32_t* tables = static_cast<const int32_t*>(block_tables.const_data_ptr());
   const int32_t* lens = static_cast<const int32_t*>(seq_lens.const_data_ptr());
   const int64_t max_len = *std::max_element(lens, lens + D);
   // a work item per sequence (its blocks read whole, in order) when there are enough of them
   // to keep every thread busy; else per (sequence, kv head)
   const int64_t nh = D >= 4 * at::get_num_threads() ? kvh : 1, per_seq = kvh / nh;
-  if constexpr (std::is_same_v<T, c10::BFloat16>)
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T>)
     if (nanoserve::decode_attention_bf16_dot(q, out, k_cache, v_cache, block_tables, seq_lens, scale, nh))
       return;
-  auto run = hd == 64 ? attend<T, 8> : hd == 128 ? attend<T, 16> : attend<T, 0>;
+  auto run = hd == 64 ? attend<C, 8> : hd == 128 ? attend<C, 16> : attend<C, 0>;
+  const float q_scale = static_cast<float>(scale * k_scale), o_scale = static_cast<float>(v_scale);
 
   const nanoserve::PagedItems items{
       static_cast<const char*>(k_cache.const_data_ptr()), static_cast<const char*>(v_cache.const_data_ptr()),
@@ -177,24 +183,40 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& out, const at:
     for (int64_t item = begin; item < end; ++item) {
       const int64_t d = item / per_seq, h0 = (item % per_seq) * nh;
       to_float(qp + d * q.stride(0) + h0 * group * hd, qf.data(), nq * hd);
-      for (float& x : qf) x *= static_cast<float>(scale);
+      for (float& x : qf) x *= q_scale;  // q . (k_scale * k) = (k_scale * q) . k
       stream.start(item);
       run(qf.data(), kp, vp, tables + d * block_tables.stride(0), lens[d], h0, nh, group, hd / 8,
           block_size, k_cache.stride(0), k_cache.stride(1), scores.data(), acc.data(), buf.data(), stream);
       T* o = op + (d * H + h0 * group) * hd;
       for (int64_t j = 0; j < nq; ++j)
-        for (int64_t x = 0; x < hd; ++x) o[j * hd + x] = static_cast<T>(acc[j * hd + x] * acc[nq * hd + j]);
+        for (int64_t x = 0; x < hd; ++x)
+          o[j * hd + x] = static_cast<T>(acc[j * hd + x] * (acc[nq * hd + j] * o_scale));
     }
   });
 }
 
+template <typename T>
+void decode_attention_for(const at::Tensor& q, const at::Tensor& out, const at::Tensor& k_cache,
+                          const at::Tensor& v_cache, const at::Tensor& block_tables,
+                          const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
+  if (k_cache.scalar_type() == at::kFloat8_e4m3fn)
+    return decode_attention_impl<T, c10::Float8_e4m3fn>(q, out, k_cache, v_cache, block_tables, seq_lens,
+                                                        scale, k_scale, v_scale);
+  decode_attention_impl<T, T>(q, out, k_cache, v_cache, block_tables, seq_lens, scale, 1.0, 1.0);
+}
+
 void decode_attention(const at::Tensor& q, const at::Tensor& out, const at::Tensor& k_cache,
                       const at::Tensor& v_cache, const at::Tensor& block_tables,
-                      const at::Tensor& seq_lens, double scale) {
+                      const at::Tensor& seq_lens, double scale, double k_scale, double v_scale) {
   switch (q.scalar_type()) {
-    case at::kFloat: return decode_attention_impl<float>(q, out, k_cache, v_cache, block_tables, seq_lens, scale);
-    case at::kBFloat16: return decode_attention_impl<c10::BFloat16>(q, out, k_cache, v_cache, block_tables, seq_lens, scale);
-    case at::kHalf: return decode_attention_impl<c10::Half>(q, out, k_cache, v_cache, block_tables, seq_lens, scale);
+    case at::kFloat:
+      return decode_attention_for<float>(q, out, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale);
+    case at::kBFloat16:
+      return decode_attention_for<c10::BFloat16>(q, out, k_cache, v_cache, block_tables, seq_lens, scale,
+                                                 k_scale, v_scale);
+    case at::kHalf:
+      return decode_attention_for<c10::Half>(q, out, k_cache, v_cache, block_tables, seq_lens, scale,
+                                             k_scale, v_scale);
     default: TORCH_CHECK(false, "decode_attention: unsupported dtype ", q.scalar_type());
   }
 }
@@ -203,5 +225,6 @@ void decode_attention(const at::Tensor& q, const at::Tensor& out, const at::Tens
 
 TORCH_LIBRARY(nanoserve_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor(a!) out, Tensor k_cache, Tensor v_cache, "
-        "Tensor block_tables, Tensor seq_lens, float scale) -> ()", &decode_attention);
+        "Tensor block_tables, Tensor seq_lens, float scale, float k_scale=1.0, float v_scale=1.0) -> ()",
+        &decode_attention);
 }

@@ -7,7 +7,9 @@ cpu_attention_bf16.cpp); benchmarks/cpu_attention.py measures it against the tor
 
 `paged_attention` has the reference's contract: the leading decode rows go to the C++ op in one
 call, prefill rows (SDPA's flash kernel reads them once already) to reference.sequence_attention.
-Decodes the op cannot take go to `grouped_decode_attention`, torch in cache-sized groups.
+Decodes the op cannot take go to `grouped_decode_attention`, torch in cache-sized groups. An fp8
+(e4m3) cache goes to the op beside any model dtype: it reads one byte a value and folds the
+scales into the query and the output.
 cpu_build.py builds the op (`available()` and `unavailable_reason()` are its).
 """
 
@@ -25,14 +27,15 @@ from nanoserve.kernels.metadata import AttentionMetadata
 DECODE_GATHER_BYTES = 4 * 2**20
 
 
-def grouped_decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale) -> None:
+def grouped_decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale,
+                             k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Single-token queries qd (D, kvh, g, hd) -> od (written in place), in groups of sequences.
 
     tables: (D, max_blocks) block tables; d_lens: (D,) context lengths (a tensor), d_lens_cpu the
     same as a list. Each group's blocks are gathered into one reused buffer of about
     DECODE_GATHER_BYTES, viewed as (n, kvh, L, hd) without a copy, and attended by one SDPA call
     with the padding past each context masked: the whole batch at once would write and reread
-    every K/V byte through DRAM.
+    every K/V byte through DRAM. An fp8 cache's group is dequantized (reference.from_cache).
     """
     D, block_size = len(d_lens_cpu), k_cache.shape[1]
     most_blocks = -(-max(d_lens_cpu) // block_size)
@@ -46,31 +49,36 @@ def grouped_decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cp
         ids = tables[s:e, :nb].flatten()
         k = torch.index_select(k_cache, 0, ids, out=buf_k[:len(ids)])  # (n*nb, bs, kvh, hd)
         v = torch.index_select(v_cache, 0, ids, out=buf_v[:len(ids)])
-        k = k.view(e - s, nb * block_size, *k.shape[2:]).transpose(1, 2).to(qd.dtype)
-        v = v.view(e - s, nb * block_size, *v.shape[2:]).transpose(1, 2).to(qd.dtype)
+        k = reference.from_cache(k.view(e - s, nb * block_size, *k.shape[2:]).transpose(1, 2),
+                                 qd.dtype, k_scale)
+        v = reference.from_cache(v.view(e - s, nb * block_size, *v.shape[2:]).transpose(1, 2),
+                                 qd.dtype, v_scale)
         keep = torch.arange(nb * block_size, device=qd.device) < d_lens[s:e, None]  # (n, L)
         od[s:e] = F.scaled_dot_product_attention(qd[s:e], k, v, attn_mask=keep[:, None, None, :],
                                                  scale=scale)
 
 
-def decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale) -> None:
+def decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale,
+                     k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """grouped_decode_attention's contract: qd (D, kvh, g, hd) -> od, in one C++ call."""
     D, kvh, g, hd = qd.shape
-    if hd % 8 or k_cache.dtype != qd.dtype or not k_cache.is_contiguous():
-        # the op's rows are whole 8-float vectors, in the model's dtype, in the default layout
-        return grouped_decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale)
+    if hd % 8 or k_cache.dtype not in (qd.dtype, torch.float8_e4m3fn) or not k_cache.is_contiguous():
+        # the op's rows are whole 8-float vectors, in the model's dtype or e4m3, default layout
+        return grouped_decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale,
+                                        k_scale, v_scale)
     q = qd.reshape(D, kvh * g, hd)  # a view for rows of the fused qkv output
     if q.stride(2) != 1 or q.stride(1) != hd:
         q = q.contiguous()
     out = od.view(D, kvh * g, hd) if od.is_contiguous() else torch.empty_like(q)
     torch.ops.nanoserve_cpu.decode_attention(q, out, k_cache, v_cache, tables.int().contiguous(),
-                                             d_lens.int(), scale)
+                                             d_lens.int(), scale, k_scale, v_scale)
     if out.data_ptr() != od.data_ptr():
         od.copy_(out.view_as(od))
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    attn: AttentionMetadata, scale: float) -> torch.Tensor:
+                    attn: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                    v_scale: float = 1.0) -> torch.Tensor:
     """reference.paged_attention, with the leading single-token rows (attn.decode_count) in one
     decode_attention call; the other sequences one at a time, as the reference does them."""
     qsl, lens = attn.host_offsets()
@@ -82,9 +90,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # GQA without repeating K/V: the `group` query heads of a kv head are its `group` queries
         qd = q[:D].view(D, num_kv_heads, num_heads // num_kv_heads, head_dim)  # (D, kvh, g, hd)
         decode_attention(qd, out[:D].view_as(qd), k_cache, v_cache, attn.block_tables[:D],
-                         attn.seq_lens[:D], lens[:D], scale)
+                         attn.seq_lens[:D], lens[:D], scale, k_scale, v_scale)
     for i in range(D, len(lens)):
         s, e = qsl[i], qsl[i + 1]
         out[s:e] = reference.sequence_attention(q[s:e], k_cache, v_cache, attn.block_tables[i],
-                                                lens[i], scale)
+                                                lens[i], scale, k_scale, v_scale)
     return out

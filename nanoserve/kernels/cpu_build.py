@@ -3,7 +3,9 @@
 The sources: paged decode attention (cpu_attention.cpp, and cpu_attention_bf16.cpp for a bf16
 cache on a CPU with AVX512-BF16; called by cpu_attention.py), a decoder layer's small ops,
 RMSNorm, RoPE, the K/V cache write and the MLP's SiLU-and-mul (cpu_layer_ops.cpp, called by
-cpu_layer_ops.py), the GEMV of one- and two-row linears (cpu_gemv.cpp, called by cpu_gemm.py),
+cpu_layer_ops.py), the GEMV of one- and two-row linears (cpu_gemv.cpp, called by cpu_gemm.py), its
+counterpart over 8-bit weight codes and their dequantization (cpu_quant_gemv.cpp, called by
+cpu_quant_gemm.py),
 and greedy sampling's argmax (cpu_argmax.cpp, called by cpu_argmax.py); cpu_common.h has the
 helpers they share.
 They are built on first use with the machine's C++ compiler against the installed torch's
@@ -34,13 +36,17 @@ from nanoserve import env
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name) for name in
            ("cpu_attention.cpp", "cpu_attention_bf16.cpp", "cpu_layer_ops.cpp", "cpu_gemv.cpp",
-            "cpu_argmax.cpp")]
+            "cpu_quant_gemv.cpp", "cpu_argmax.cpp")]
 HEADERS = [os.path.join(HERE, "cpu_common.h")]
 _why_not: list[str] = []
 
 
 def cache_dir() -> str:
     return env.cache_dir("kernels")
+
+
+def march() -> str:
+    return env.get("NANOSERVE_CPU_MARCH") or "native"
 
 
 def _cpu_id() -> str:
@@ -53,17 +59,18 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
-def _build(cxx: str, out: str) -> None:
-    """Compile the sources side by side (torch's headers make each take most of the build's
-    time), then link them into `out`."""
+def _build(cxx: str, out: str, sources: list[str] | None = None) -> None:
+    """Compile the sources (default: SOURCES) side by side (torch's headers make each take most
+    of the build's time), then link them into `out`."""
+    sources = SOURCES if sources is None else sources
     torch_dir = os.path.dirname(torch.__file__)
     lib = os.path.join(torch_dir, "lib")
-    flags = ["-O3", "-march=native", "-std=c++20", "-fopenmp", "-fPIC", "-w",
+    flags = ["-O3", f"-march={march()}", "-std=c++20", "-fopenmp", "-fPIC", "-w",
              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
              "-I", os.path.join(torch_dir, "include")]
     with tempfile.TemporaryDirectory(dir=os.path.dirname(out)) as tmp:
-        objects = [os.path.join(tmp, os.path.basename(src) + ".o") for src in SOURCES]
-        compiles = [[cxx, *flags, "-c", src, "-o", obj] for src, obj in zip(SOURCES, objects)]
+        objects = [os.path.join(tmp, os.path.basename(src) + ".o") for src in sources]
+        compiles = [[cxx, *flags, "-c", src, "-o", obj] for src, obj in zip(sources, objects)]
         procs = [subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True) for cmd in compiles]
         errors = [proc.communicate()[1] for proc in procs]  # wait for all before failing
         for cmd, proc, err in zip(compiles, procs, errors):
@@ -89,7 +96,7 @@ def available() -> bool:
         return False
     code = b"".join(pathlib.Path(src).read_bytes() for src in SOURCES + HEADERS)
     key = hashlib.sha256(code + "|".join(
-        [torch.__version__, torch.__file__, cxx, _cpu_id()]).encode()).hexdigest()[:16]
+        [torch.__version__, torch.__file__, cxx, march(), _cpu_id()]).encode()).hexdigest()[:16]
     path = os.path.join(cache_dir(), f"nanoserve_cpu_{key}.so")
     try:
         os.makedirs(cache_dir(), exist_ok=True)

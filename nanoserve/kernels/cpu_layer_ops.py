@@ -46,11 +46,13 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """reference.reshape_and_cache: this step's K/V rows into their slots (-1: skip)."""
+                      v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """reference.reshape_and_cache: this step's K/V rows into their slots (-1: skip). An fp8
+    cache (another dtype than k's) takes the reference's quantizing write."""
     if (k.dtype != k_cache.dtype or v.dtype != k_cache.dtype or not (_rows(k) and _rows(v))
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
-        return reference.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
+        return reference.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     torch.ops.nanoserve_cpu.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping.long().contiguous())
 
 

@@ -7,6 +7,9 @@ NANOSERVE_KERNELS=reference). Vectorised over tokens; `paged_attention` loops ov
 
 Cache layout (per layer): k_cache, v_cache of shape (num_blocks, block_size, num_kv_heads, head_dim).
 A token's slot is block_id * block_size + offset; slot -1 marks padding (not written).
+An fp8 cache (torch.float8_e4m3fn, EngineConfig.kv_cache_dtype="fp8") holds K / k_scale and
+V / v_scale, saturated to e4m3's range, as vLLM's fp8 KV cache does; attention multiplies back
+on read. Caches of a float dtype ignore the scales.
 """
 
 import torch
@@ -67,11 +70,32 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return q, k
 
 
+FP8_DTYPES = (torch.float8_e4m3fn,)
+
+
+def to_cache(x: torch.Tensor, cache_dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """x as the cache stores it: fp8 holds x / scale rounded to nearest, saturated at e4m3's
+    largest value (448: torch's cast saturates, as vLLM's does; e4m3fn has no infinity); other
+    dtypes a plain cast."""
+    if cache_dtype not in FP8_DTYPES:
+        return x.to(cache_dtype)
+    return (x.float() / scale).to(cache_dtype)
+
+
+def from_cache(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """What `to_cache` stored, back in `dtype`: fp8 * scale, in fp32, rounded once to dtype."""
+    if x.dtype not in FP8_DTYPES:
+        return x.to(dtype)
+    return (x.float() * scale).to(dtype)
+
+
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                      v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Write this step's K/V into the paged cache (vLLM's name for this op).
 
-    k, v: (T, num_kv_heads, head_dim); slot_mapping: (T,) int64, -1 = skip.
+    k, v: (T, num_kv_heads, head_dim); slot_mapping: (T,) int64, -1 = skip; k_scale, v_scale:
+    an fp8 cache's scales (to_cache).
     """
     num_blocks, block_size = k_cache.shape[:2]
     flat_k = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
@@ -79,8 +103,11 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     keep = slot_mapping >= 0
     if not bool(keep.all()):
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
-    flat_k.index_copy_(0, slot_mapping, k.to(flat_k.dtype))
-    flat_v.index_copy_(0, slot_mapping, v.to(flat_v.dtype))
+    k, v = to_cache(k, flat_k.dtype, k_scale), to_cache(v, flat_v.dtype, v_scale)
+    if flat_k.dtype in FP8_DTYPES:  # torch has no fp8 index_copy_ on a CPU: copy the bytes
+        flat_k, flat_v, k, v = (t.view(torch.uint8) for t in (flat_k, flat_v, k, v))
+    flat_k.index_copy_(0, slot_mapping, k)
+    flat_v.index_copy_(0, slot_mapping, v)
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -91,12 +118,13 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> to
 
 
 def sequence_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       block_table: torch.Tensor, length: int, scale: float) -> torch.Tensor:
+                       block_table: torch.Tensor, length: int, scale: float,
+                       k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """One sequence's attention: q (n, num_heads, head_dim), its last n positions of `length`.
 
     Query j (position length-n+j) attends to cached positions 0..length-n+j: a causal mask
     offset by the cached prefix. GQA: head h reads kv head h // (num_heads / num_kv_heads).
-    -> (n, num_heads, head_dim).
+    K/V are read back in q's dtype (from_cache). -> (n, num_heads, head_dim).
     """
     n = q.shape[0]
     k = gather_kv(k_cache, block_table, length).transpose(0, 1)[None]  # (1, kvh, L, hd)
@@ -105,25 +133,29 @@ def sequence_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     # 4-D inputs reach SDPA's flash kernel (3-D ones its math path); is_causal when nothing is cached
     mask = None if n == length else torch.ones(n, length, dtype=torch.bool,
                                                device=q.device).tril(length - n)
-    o = F.scaled_dot_product_attention(qs, k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
+    k, v = from_cache(k, q.dtype, k_scale), from_cache(v, q.dtype, v_scale)
+    o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask,
                                        is_causal=mask is None, scale=scale, enable_gqa=True)
     return o[0].transpose(0, 1)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    attn: AttentionMetadata, scale: float) -> torch.Tensor:
+                    attn: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                    v_scale: float = 1.0) -> torch.Tensor:
     """Attention of a flattened mixed batch over the paged cache (this step's K/V already written).
 
     q: (T, num_heads, head_dim), the tokens of B sequences concatenated;
     attn.query_start_loc: (B+1,) offsets of each sequence's tokens in q;
     attn.seq_lens: (B,) context length of each sequence *including* this step's tokens;
-    attn.block_tables: (B, max_blocks) int32, padded with any valid id.
-    A sequence at a time (a decode is one row): gather its K/V, attend (`sequence_attention`).
+    attn.block_tables: (B, max_blocks) int32, padded with any valid id; k_scale, v_scale: an
+    fp8 cache's scales. A sequence at a time (a decode is one row): gather its K/V, attend
+    (`sequence_attention`).
     Returns (T, num_heads, head_dim).
     """
     qsl, lens = attn.host_offsets()
     out = torch.empty_like(q)
     for i, length in enumerate(lens):
         s, e = qsl[i], qsl[i + 1]
-        out[s:e] = sequence_attention(q[s:e], k_cache, v_cache, attn.block_tables[i], length, scale)
+        out[s:e] = sequence_attention(q[s:e], k_cache, v_cache, attn.block_tables[i], length, scale,
+                                      k_scale, v_scale)
     return out

@@ -7,7 +7,8 @@ sequences after them (prefill chunks) in the flash prefill kernel (triton_prefil
 Each query token sits at position seq_len - q_len + j and attends causally over its
 sequence's cached prefix and the chunk so far; query heads share a kv head in groups (GQA).
 
-Left out on purpose: split-KV ("flash-decoding") for long decode contexts, FP8 caches,
+An fp8 cache is read at one byte a value and dequantized in the tile (times k_scale, v_scale).
+Left out on purpose: split-KV ("flash-decoding") for long decode contexts,
 sliding windows, ALiBi, autotuning. On CPU this runs only under TRITON_INTERPRET=1.
 """
 
@@ -28,7 +29,7 @@ BLOCK_N = 32  # keys per inner-loop step; independent of the cache's block_size
 @triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, scale,
+    block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, scale, k_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,  # q/out strides: token, head (head_dim is 1)
     stride_cb, stride_cs, stride_ch,  # cache strides: block, slot in block, kv head
     stride_bt, block_size,
@@ -67,8 +68,9 @@ def _paged_attention_kernel(
         kv_off = (block.to(tl.int64)[:, None] * stride_cb + (pos % block_size)[:, None] * stride_cs
                   + kv_head * stride_ch + d[None, :])
         kv_mask = pos_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # (BLOCK_N, BLOCK_D)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+        # (BLOCK_N, BLOCK_D); the scales are an fp8 cache's (1.0 for a float cache)
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32) * k_scale
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32) * v_scale
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (BLOCK_M, BLOCK_N)
         visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])  # causal, offset by context
@@ -88,7 +90,8 @@ def _paged_attention_kernel(
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    attn: AttentionMetadata, scale: float) -> torch.Tensor:
+                    attn: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                    v_scale: float = 1.0) -> torch.Tensor:
     """Triton version of `reference.paged_attention`; same arguments, returns (T, num_heads, head_dim)."""
     block_tables, query_start_loc, seq_lens = attn.block_tables, attn.query_start_loc, attn.seq_lens
     T, num_heads, head_dim = q.shape
@@ -107,7 +110,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     D = attn.decode_count(qsl)  # leading single-token queries here; the rest: the flash kernel
     if D < num_seqs:
         flash_prefill(q, k_cache, v_cache, out, query_start_loc[D:], seq_lens[D:], block_tables[D:],
-                      qsl[num_seqs] - qsl[D], scale)
+                      qsl[num_seqs] - qsl[D], scale, k_scale=k_scale, v_scale=v_scale)
     if D == 0:
         return out
     group = num_heads // num_kv_heads
@@ -116,7 +119,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     grid = (D, 1, num_kv_heads)  # one query token per sequence: one tile
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, scale,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        float(k_scale), float(v_scale), q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), block_size,
         HEAD_DIM=head_dim, GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q,

@@ -5,7 +5,7 @@ Each public function is a thin launcher around one @triton.jit kernel; paged att
 reference. On CPU they run only under TRITON_INTERPRET=1, set before this module is imported.
 
 Left out on purpose: fusing rotary into reshape_and_cache, interleaved (GPT-J) rotary,
-partial rotary dims, quantised caches, autotuning.
+partial rotary dims, autotuning.
 """
 
 import torch
@@ -15,6 +15,7 @@ import triton.language as tl
 from nanoserve.kernels.triton_attention import paged_attention
 
 __all__ = ["rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention", "silu_and_mul"]
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # e4m3's largest value: where a write saturates
 
 
 # One program instance = one row of `hidden` values; tile (BLOCK,), BLOCK = next pow2 >= hidden.
@@ -102,11 +103,13 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 # One program instance = one token: copies its k and v, tile (BLOCK_H, BLOCK_D) over
 # (num_kv_heads, head_dim), to slot_mapping[token] in the paged cache; slot < 0 is padding.
+# FP8: stores k / k_scale, v / v_scale saturated at FP8_MAX (reference.to_cache).
 @triton.jit
 def _reshape_and_cache_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
                               stride_kt, stride_kh, stride_vt, stride_vh,
                               stride_cb, stride_cs, stride_ch, block_size, num_kv_heads, head_dim,
-                              BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                              k_scale, v_scale, FP8_MAX, BLOCK_H: tl.constexpr,
+                              BLOCK_D: tl.constexpr, FP8: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     if slot < 0:
@@ -117,13 +120,18 @@ def _reshape_and_cache_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mappi
     dst = (slot // block_size) * stride_cb + (slot % block_size) * stride_cs + h * stride_ch + d
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+    if FP8:
+        k = tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -FP8_MAX), FP8_MAX)
+        v = tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -FP8_MAX), FP8_MAX)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write k, v (T, num_kv_heads, head_dim) to the cache slots in slot_mapping (T,), -1 = skip."""
+                      v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Write k, v (T, num_kv_heads, head_dim) to the cache slots in slot_mapping (T,), -1 = skip;
+    an fp8 cache holds k / k_scale and v / v_scale."""
     T, num_kv_heads, head_dim = k.shape
     assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
     assert k_cache.stride(-1) == 1
@@ -135,8 +143,9 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
         _reshape_and_cache_kernel[(T,)](
             k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.shape[1],
-            num_kv_heads, head_dim,
-            BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim))
+            num_kv_heads, head_dim, float(k_scale), float(v_scale), FP8_MAX,
+            BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+            FP8=k_cache.dtype == torch.float8_e4m3fn)
 
 
 # One program instance = BLOCK values of one row: gate and up are the row's two halves.

@@ -14,7 +14,9 @@ Tiles are found without a host loop: sequence b's tiles start at (qsl[b] - qsl[0
 upper bound of the tiles before it, the grid of vLLM's unified Triton attention), and each
 program finds its sequence by binary search over query_start_loc; surplus programs return.
 
-Left out on purpose: autotuning (block sizes are fixed per head size), split-KV, FP8, sliding
+An fp8 cache (FP8) is loaded as e4m3 and dequantized in the tile (times k_scale, v_scale, then
+the tile's dtype), so its K/V cross memory at one byte a value.
+Left out on purpose: autotuning (block sizes are fixed per head size), split-KV, sliding
 windows. fp16/bf16 tiles are multiplied as they are, with fp32 accumulation. On CPU this runs
 only under TRITON_INTERPRET=1, where bf16 is computed in fp32 (its bf16 arithmetic is wrong).
 """
@@ -33,8 +35,8 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): exp2 is the GPU's nati
 @triton.jit
 def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, block_row_ptr, start, kv_end, q_pos,
                  d, d_ok, kv_head, stride_cb, stride_cs, stride_ch, block_size, qk_scale,
-                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, NATIVE: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+                 k_scale, v_scale, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                 NATIVE: tl.constexpr, FP8: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One key tile [start, start + BLOCK_N) folded into the running (acc, l_i, m_i)."""
     pos = start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions in the sequence
     if MASKED:
@@ -50,7 +52,13 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, block_row_ptr, star
         kv_mask = d_ok[None, :]
     k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
     v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-    if not NATIVE:
+    if FP8:  # dequantize: the reference's from_cache, in the tile
+        k = k.to(tl.float32) * k_scale
+        v = v.to(tl.float32) * v_scale
+        if NATIVE:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
+    elif not NATIVE:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
@@ -73,12 +81,12 @@ def _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, block_row_ptr, star
 @triton.jit
 def _flash_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, num_seqs, qk_scale,
+    block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, num_seqs, qk_scale, k_scale, v_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,  # q/out strides: token, head (head_dim is 1)
     stride_cb, stride_cs, stride_ch,  # cache strides: block, slot in block, kv head
     stride_bt, block_size,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, NATIVE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr, NATIVE: tl.constexpr, FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile, head = tl.program_id(0), tl.program_id(1)
     base = tl.load(query_start_loc_ptr)  # the first sequence's first row in q
@@ -120,13 +128,13 @@ def _flash_prefill_kernel(
     for start in range(0, full_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, block_row_ptr,
                                      start, kv_end, q_pos, d, d_ok, kv_head, stride_cb, stride_cs,
-                                     stride_ch, block_size, qk_scale, BLOCK_N, False, NATIVE,
-                                     DOT_PRECISION)
+                                     stride_ch, block_size, qk_scale, k_scale, v_scale, BLOCK_N,
+                                     False, NATIVE, FP8, DOT_PRECISION)
     for start in range(full_end, kv_end, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_cache_ptr, v_cache_ptr, block_row_ptr,
                                      start, kv_end, q_pos, d, d_ok, kv_head, stride_cb, stride_cs,
-                                     stride_ch, block_size, qk_scale, BLOCK_N, True, NATIVE,
-                                     DOT_PRECISION)
+                                     stride_ch, block_size, qk_scale, k_scale, v_scale, BLOCK_N,
+                                     True, NATIVE, FP8, DOT_PRECISION)
 
     out = acc / l_i[:, None]
     o_off = (q_start + tok).to(tl.int64)[:, None] * stride_ot + head * stride_oh + d[None, :]
@@ -135,10 +143,12 @@ def _flash_prefill_kernel(
 
 def flash_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                  num_tokens: int, scale: float, block_m: int = 64, block_n: int = 64) -> None:
+                  num_tokens: int, scale: float, block_m: int = 64, block_n: int = 64,
+                  k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Attention of the sequences in query_start_loc (B + 1,) (offsets into q, need not start at
     0), seq_lens (B,), block_tables (B, max_blocks), written into out's rows. num_tokens: how many
-    rows they own (qsl[B] - qsl[0]), a host number that sizes the grid."""
+    rows they own (qsl[B] - qsl[0]), a host number that sizes the grid. k_scale, v_scale: an fp8
+    cache's scales."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1:]
     block_size, num_kv_heads = k_cache.shape[1:3]
@@ -150,9 +160,11 @@ def flash_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     grid = (triton.cdiv(num_tokens, block_m) + num_seqs, num_heads)
     _flash_prefill_kernel[grid](
         q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, num_seqs, scale * LOG2E,
+        float(k_scale), float(v_scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), block_size,
         HEAD_DIM=head_dim, GROUP=num_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), NATIVE=native,
+        FP8=k_cache.dtype == torch.float8_e4m3fn,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4 if head_dim <= 64 else 8, num_stages=2)

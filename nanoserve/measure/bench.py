@@ -27,6 +27,7 @@ import numpy as np
 from nanoserve import cli
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine import LLM, LLMEngine, ModelRunner, StepRecord, engine_of
+from nanoserve.engine.kv_cache import kv_cache_torch_dtype
 from nanoserve.measure import figures, roofline
 from nanoserve.measure.figures import device_label
 from nanoserve.measure.metrics import ServingMetrics, compute_metrics
@@ -101,9 +102,10 @@ class BenchResult:
     def efficiency(self, ceilings: roofline.DeviceCeilings) -> Efficiency:
         """Each step's FLOPs and bytes (roofline.step_cost of its rebuilt batch) over its time."""
         nbytes = roofline.dtype_bytes(self.dtype)
+        kv_bytes = kv_cache_torch_dtype(self.config.kv_cache_dtype, self.dtype).itemsize
         decode, prefill = [], []
         for rec in self.trace:
-            cost = roofline.step_cost(self.model_config, rec.batch(), nbytes)
+            cost = roofline.step_cost(self.model_config, rec.batch(), nbytes, kv_bytes)
             (prefill if rec.num_prefill_tokens else decode).append((rec, cost))
         nan = math.nan
         med = (lambda xs: statistics.median(xs) if xs else nan)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from nanoserve.engine.kv_cache import allocate_kv_cache
 from nanoserve.engine.kv_connector import (
@@ -70,10 +71,10 @@ def measure_transfers(engine, prompt_lens: Sequence[int] = (16, 64, 256, 1024), 
     connector (worker sides) over a fresh cache of `engine`'s shape. -> one point per length."""
     ex, bs = engine.executor, engine.config.block_size
     most = max(-(-n // bs) for n in prompt_lens)
-    caches = allocate_kv_cache(ex.model_config, 2 * most, bs, ex.dtype, ex.device)
+    caches = allocate_kv_cache(ex.model_config, 2 * most, bs, engine.kv_cache_dtype, ex.device)
     for k, v in caches:  # values do not change the timing; make a wrong copy visible
-        k.normal_()
-        v.normal_()
+        for x in (k, v):  # through fp32: torch has no fp8 normal_
+            x.copy_(torch.randn(x.shape, device=x.device))
     layout, vocab = KVLayout.of(caches), ex.model_config.vocab_size
     ends = {}
     for role in ("kv_producer", "kv_consumer"):

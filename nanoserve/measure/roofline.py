@@ -93,14 +93,16 @@ def prefill_batch(prompt_len: int, num_prompts: int = 1) -> list[tuple[int, int]
 
 
 def step_cost(cfg: ModelConfig, batch: Iterable[tuple], dtype_bytes: int = 4,
-              kv_dtype_bytes: int | None = None) -> StepCost:
+              kv_dtype_bytes: int | None = None, weight_dtype_bytes: float | None = None) -> StepCost:
     """Count the FLOPs and bytes of one step over `batch`.
 
     batch: one tuple per sequence, (query_len, context_len) or (query_len, context_len,
     produces_logits). query_len tokens are computed this step; context_len is the KV length
     they attend to *including* themselves (num_computed_tokens + query_len). Decode: (1, ctx);
     a whole prompt: (P, P); a chunk of a prompt: (chunk, done + chunk, is_last_chunk).
-    dtype_bytes: bytes per weight and activation; kv_dtype_bytes: per KV entry (default: same).
+    dtype_bytes: bytes per weight and activation; kv_dtype_bytes: per KV entry (default: same);
+    weight_dtype_bytes: per weight of the linear layers (default: same), e.g. 1 plus the scales'
+    share for 8-bit codes (model/quantization.py; the lm_head keeps dtype_bytes).
 
     - linear (q/k/v, o, gate/up, down of every layer): FLOPs 2 * tokens * in * out (+ tokens *
       out per bias); bytes = every weight once per step + inputs read and outputs written
@@ -116,6 +118,7 @@ def step_cost(cfg: ModelConfig, batch: Iterable[tuple], dtype_bytes: int = 4,
       hidden states in, logits out.
     """
     kvb = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+    wb = dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes
     h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     q_dim, kv_dim = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
 
@@ -140,7 +143,7 @@ def step_cost(cfg: ModelConfig, batch: Iterable[tuple], dtype_bytes: int = 4,
         "lm_head": 2 * logits * cfg.vocab_size * h,
     }
     nbytes = {
-        "linear": layers * ((weights + bias) * dtype_bytes + tokens * acts * dtype_bytes),
+        "linear": layers * (weights * wb + bias * dtype_bytes + tokens * acts * dtype_bytes),
         "attention": layers * (2 * ctx_total * kv_dim * kvb  # K and V of the context, read
                                + 2 * tokens * kv_dim * kvb  # this step's K and V, written
                                + 2 * tokens * q_dim * dtype_bytes),  # Q read, output written

@@ -9,8 +9,10 @@ tokenizer_config.json), which HF transformers loads too, so both run the very sa
 llama.cpp's converter reorders the rows of the Q and K projections of each head from HF's
 rotate-half layout (the two halves of a head) to interleaved pairs (convert_hf_to_gguf.py,
 `LlamaModel.permute`); `_unpermute` puts them back, as transformers' GGUF loader does.
-Deliberately left out: architectures other than llama, and serving the quantized blocks as they
-are (they are dequantized: a lesson compares quantization separately).
+The converted folder holds every tensor dequantized. Q8_0 blocks can also be served as they are:
+`read_q8_0` hands out their int8 codes and scales for the int8 weight path (LLM(path,
+quantization="int8"), model/quantization.py). Deliberately left out: architectures other than
+llama, and serving the 4-bit blocks as they are.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from nanoserve.config import ModelConfig
-from nanoserve.model.gguf_quants import dequantize
+from nanoserve.model.gguf_quants import dequantize, q8_0_codes
 from nanoserve.model.gguf_tokenizer import build_tokenizer, tokenizer_config
 from nanoserve.model.hf_config import hf_config_dict
 
@@ -103,6 +105,23 @@ def read_tensors(reader, cfg: ModelConfig, dtype: torch.dtype | None = None) -> 
         elif ".self_attn.k_proj." in name:
             w = _unpermute(w, cfg.num_key_value_heads)
         out[name] = w.contiguous()
+    return out
+
+
+def read_q8_0(path: str, cfg: ModelConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """HF name -> (int8 codes (out, in), fp32 scales (out, in / 32)) of every Q8_0 matrix in the
+    file, Q and K rows put back in HF's order (a row's scales move with it)."""
+    out = {}
+    for t in open_gguf(path).tensors:
+        if t.tensor_type.name != "Q8_0" or len(t.shape) != 2:
+            continue
+        name = hf_name(t.name)
+        codes, scales = q8_0_codes(t.data, (int(t.shape[1]), int(t.shape[0])))
+        heads = (cfg.num_attention_heads if ".self_attn.q_proj." in name else
+                 cfg.num_key_value_heads if ".self_attn.k_proj." in name else None)
+        if heads is not None:
+            codes, scales = _unpermute(codes, heads), _unpermute(scales, heads)
+        out[name] = (codes.contiguous(), scales.contiguous())
     return out
 
 

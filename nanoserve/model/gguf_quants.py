@@ -9,7 +9,8 @@ offset `m`) followed by the packed integers (llama.cpp's ggml-common.h, block_q8
 
 In a 4-bit block byte j holds value j in its low nibble and value j + 16 in its high one.
 Dequantized values are computed in float32 (as llama.cpp does) and then cast. Other types (the
-K-quants, IQ types) are refused by name rather than guessed at.
+K-quants, IQ types) are refused by name rather than guessed at. `q8_0_codes` hands out a Q8_0
+tensor's codes and scales as they are, for the int8 weight path (model/quantization.py).
 """
 
 from __future__ import annotations
@@ -51,3 +52,14 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...],
             m = blocks[:, 2:4].contiguous().view(torch.float16).float()
             values = d * q + m
     return values.reshape(shape).to(dtype)
+
+
+def q8_0_codes(data: np.ndarray, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 matrix as (codes (rows, cols) int8, scales (rows, cols / 32) fp32): x = d * q."""
+    rows, cols = shape
+    if cols % BLOCK:
+        raise ValueError(f"a Q8_0 row of {cols} values is not a whole number of {BLOCK}-value blocks")
+    blocks = torch.from_numpy(np.array(data)).view(torch.uint8).reshape(rows, cols // BLOCK, 2 + BLOCK)
+    scales = blocks[..., 0:2].contiguous().view(torch.float16).float().reshape(rows, cols // BLOCK)
+    codes = blocks[..., 2:].contiguous().view(torch.int8).reshape(rows, cols)
+    return codes, scales

@@ -21,6 +21,7 @@ from torch import nn
 
 from nanoserve.config import ModelConfig
 from nanoserve.kernels import AttentionMetadata, get_ops, process_weights_after_loading
+from nanoserve.model.quantization import QuantizationConfig, make_linear
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -47,7 +48,7 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops):
+    def __init__(self, cfg: ModelConfig, ops, quant_config: QuantizationConfig | None = None):
         super().__init__()
         self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = \
@@ -56,12 +57,15 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
         self.eps = cfg.rms_norm_eps
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = make_linear(cfg.hidden_size, self.q_size + 2 * self.kv_size,
+                                    cfg.attention_bias, quant_config)
+        self.o_proj = make_linear(self.q_size, cfg.hidden_size, False, quant_config)
         if cfg.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(self.head_dim))
             self.k_norm = nn.Parameter(torch.ones(self.head_dim))
+        # an fp8 KV cache stores K / k_scale and V / v_scale; 1.0 is vLLM's default when the
+        # checkpoint carries none (engine/kv_cache.py says why it suffices here)
+        self.k_scale = self.v_scale = 1.0
 
     def forward(self, positions, x, kv_cache, attn: AttentionMetadata, cos_sin):
         T = x.shape[0]
@@ -74,28 +78,31 @@ class Attention(nn.Module):
             k = self.ops.rms_norm(k, self.k_norm, self.eps)
         q, k = self.ops.rotary_embedding(positions, q, k, cos_sin)
         k_cache, v_cache = kv_cache
-        self.ops.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping)
-        o = self.ops.paged_attention(q, k_cache, v_cache, attn, self.scale)  # (T, num_heads, head_dim)
+        # the scales go to the kernels only for a 1-byte cache, so a float cache calls a
+        # student's kernel without them as before
+        scales = {"k_scale": self.k_scale, "v_scale": self.v_scale} if k_cache.element_size() == 1 else {}
+        self.ops.reshape_and_cache(k, v, k_cache, v_cache, attn.slot_mapping, **scales)
+        o = self.ops.paged_attention(q, k_cache, v_cache, attn, self.scale, **scales)  # (T, heads, hd)
         return self.o_proj(o.reshape(T, self.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops):
+    def __init__(self, cfg: ModelConfig, ops, quant_config: QuantizationConfig | None = None):
         super().__init__()
         self.ops = ops
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, quant_config)
+        self.down_proj = make_linear(cfg.intermediate_size, cfg.hidden_size, False, quant_config)
 
     def forward(self, x):
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))  # (T, 2 * intermediate)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops):
+    def __init__(self, cfg: ModelConfig, ops, quant_config: QuantizationConfig | None = None):
         super().__init__()
         self.ops, self.eps = ops, cfg.rms_norm_eps
-        self.self_attn = Attention(cfg, ops)
-        self.mlp = MLP(cfg, ops)
+        self.self_attn = Attention(cfg, ops, quant_config)
+        self.mlp = MLP(cfg, ops, quant_config)
         self.input_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
 
@@ -111,14 +118,18 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama/Qwen2/Qwen3 causal LM. forward() -> hidden states; compute_logits() -> logits."""
+    """Llama/Qwen2/Qwen3 causal LM. forward() -> hidden states; compute_logits() -> logits.
 
-    def __init__(self, cfg: ModelConfig, device="cpu"):
+    quant_config: the decoder layers' linears hold 8-bit codes (model/quantization.py); the
+    embedding and lm_head stay in the model's dtype."""
+
+    def __init__(self, cfg: ModelConfig, device="cpu", quant_config: QuantizationConfig | None = None):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.quant_config = cfg, quant_config
         self.ops = get_ops(device)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, self.ops) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self.ops, quant_config)
+                                    for _ in range(cfg.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))

@@ -4,7 +4,8 @@ model (`smollm2-135m`) or a `.gguf` file (both converted once to a folder: model
 HF checkpoints keep q/k/v and gate/up as separate tensors; our model fuses them, so
 loading concatenates (and saving splits, so random presets can be handed to HF
 transformers or vLLM with identical weights). Sharded checkpoints work: every
-*.safetensors file in the folder is read.
+*.safetensors file in the folder is read. With `quantization` the decoder layers' linears get
+8-bit codes once loaded (model/quantization.py); a GGUF's Q8_0 codes go to the int8 path as they are.
 """
 
 from __future__ import annotations
@@ -22,8 +23,15 @@ from safetensors.torch import save_file
 
 from nanoserve.config import ModelConfig
 from nanoserve.model import fetch
+from nanoserve.model.gguf import read_q8_0
 from nanoserve.model.hf_config import hf_config_dict
 from nanoserve.model.llama import LlamaForCausalLM
+from nanoserve.model.quantization import (
+    QuantizationConfig,
+    QuantizedLinear,
+    check_quantization,
+    quantize_after_loading,
+)
 from nanoserve.presets import preset_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -120,12 +128,35 @@ def load_weights(model: LlamaForCausalLM, folder: str) -> None:
         raise ValueError(f"checkpoint {folder!r} lacks weights for {sorted(missing)[:5]}")
 
 
-def load_model(model: str | ModelConfig, device="cpu", dtype="float32", seed: int = 0):
+def load_quantized_weights(model: LlamaForCausalLM, tensors: dict[str, tuple[torch.Tensor, torch.Tensor]]
+                           ) -> None:
+    """HF name -> (codes, scales) into the model's quantized linears as they are (fused ones
+    concatenated), where every part of a layer has them; load_weights then skips those layers."""
+    pending: dict[str, list] = {}
+    for name, pair in tensors.items():
+        target = _hf_to_ours(name)
+        if target is not None and target[0].endswith(".weight"):
+            ours, idx, parts = target
+            pending.setdefault(ours.removesuffix(".weight"), [None] * parts)[idx] = pair
+    modules = dict(model.named_modules())
+    for name, pieces in pending.items():
+        layer = modules.get(name)
+        if not isinstance(layer, QuantizedLinear) or any(p is None for p in pieces) or \
+                len({p[1].shape[1] for p in pieces}) > 1:
+            continue  # not a quantized linear here, or a part stored otherwise: quantized at load
+        layer.quant_method.load_quantized(layer, torch.cat([p[0] for p in pieces]),
+                                          torch.cat([p[1] for p in pieces]))
+
+
+def load_model(model: str | ModelConfig, device="cpu", dtype="float32", seed: int = 0,
+               quantization: str | None = None):
     """-> (LlamaForCausalLM in eval mode on device, ModelConfig, checkpoint folder or None).
 
     model: a checkpoint folder, a hub id, "preset:NAME", or a ModelConfig (random weights of
-    that shape, like a preset)."""
+    that shape, like a preset). quantization: None, "int8" or "fp8" (model/quantization.py)."""
     torch_dtype = resolve_dtype(dtype)
+    method = check_quantization(quantization)
+    quant_config = None if method is None else QuantizationConfig(method)
     start = time.perf_counter()
     if isinstance(model, ModelConfig):
         cfg, folder = model, None
@@ -135,11 +166,14 @@ def load_model(model: str | ModelConfig, device="cpu", dtype="float32", seed: in
         folder = resolve_model_path(model)
         cfg = ModelConfig.from_json(os.path.join(folder, "config.json"))
     with torch.device(device):  # parameters born on the device: an 8B preset built on a CPU takes minutes
-        net = LlamaForCausalLM(cfg, device)
+        net = LlamaForCausalLM(cfg, device, quant_config)
     if folder is None:
         net.init_random_weights(seed)
     else:
+        if method == "int8" and isinstance(model, str) and model.lower().endswith(".gguf"):
+            load_quantized_weights(net, read_q8_0(model, cfg))
         load_weights(net, folder)
+    quantize_after_loading(net)  # from the weights as loaded, before a cast to a 16-bit dtype
     net = net.to(device=device, dtype=torch_dtype).eval()
     net.cos_sin_cache = net.cos_sin_cache.float()  # rotary tables stay fp32 whatever the dtype
     if folder is not None and folder != model:  # converted or downloaded: say from where, how fast

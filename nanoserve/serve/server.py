@@ -6,7 +6,9 @@ Flags keep vLLM's names (vllm/engine/arg_utils.py, entrypoints/openai/cli_args.p
 --kv-cache-memory-bytes, --[no-]enable-prefix-caching, --[no-]enable-chunked-prefill,
 --served-model-name, --api-key, --chat-template, --max-num-queued-reqs (503 beyond it),
 --uvicorn-log-level, --kv-transfer-config (one half of a disaggregated pair, engine/kv_connector.py),
---speculative-config (JSON of vLLM's SpeculativeConfig fields, e.g. ngram).
+--speculative-config (JSON of vLLM's SpeculativeConfig fields, e.g. ngram), --quantization
+(int8 or fp8 weight-only codes), --kv-cache-dtype (auto | fp8 | fp8_e4m3: an e4m3 KV cache holds
+twice the tokens of bf16).
 nanoserve's own: --device, --num-kv-blocks, --cpu-omp-threads-bind (vLLM's environment variable
 VLLM_CPU_OMP_THREADS_BIND as a flag: the CPUs this instance runs on, one torch thread each), and
 --disaggregated: a prefill instance, a decode instance and the router in front (serve/disagg.py).
@@ -27,7 +29,7 @@ import sys
 from contextlib import asynccontextmanager
 
 from nanoserve import cli
-from nanoserve.config import EngineConfig
+from nanoserve.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, EngineConfig
 from nanoserve.engine import LLMEngine
 from nanoserve.engine.model_runner import default_model
 from nanoserve.model import DEMO_MODEL_DIR, DEMO_MODEL_NAME
@@ -53,6 +55,9 @@ def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                     help="weights and KV cache; auto: bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
+                    help="the decoder layers' linear weights as 8-bit codes, per-channel scales "
+                    "(weight-only; activations and KV cache keep --dtype)")
     ap.add_argument("--seed", type=int, default=0, help="the sampler's seed of requests without one")
     ap.add_argument("--served-model-name", default=None,
                     help=f"the name clients send as `model` (default: MODEL as given, or {DEMO_MODEL_NAME} "
@@ -82,6 +87,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                     help="uvicorn's log level (a line per request at info)")
     ap.add_argument("--kv-transfer-config", default=None, help="JSON of vLLM's KVTransferConfig, "
                     'e.g. \'{"kv_connector": "SharedMemoryConnector", "kv_role": "kv_producer"}\'')
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                    help="what the KV cache stores: the model's dtype (auto) or e4m3 (fp8)")
     ap.add_argument("--speculative-config", default=None, help="JSON of vLLM's SpeculativeConfig, "
                     'e.g. \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'')
     ap.add_argument("--cpu-omp-threads-bind", default=None, help="CPUs to run on, e.g. 0 or 0-3 or "
@@ -101,7 +108,8 @@ def build(args):
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
-        speculative_config=args.speculative_config,
+        speculative_config=args.speculative_config, quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
         record_trace=False)  # a server runs for days: no per-step trace
     dtype = None if args.dtype == "auto" else args.dtype
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from nanoserve.config import ModelConfig
-from nanoserve.engine.kv_cache import num_blocks_in
+from nanoserve.engine.kv_cache import kv_cache_torch_dtype, num_blocks_in
 from nanoserve.measure.roofline import dtype_bytes, dtype_name, load_or_measure_ceilings
 from nanoserve.presets import PRESETS
 
@@ -126,11 +126,13 @@ def model_shape(name: str) -> ModelConfig:
 
 
 def num_kv_blocks(profile: DeviceProfile, cfg: ModelConfig, dtype: str = "bfloat16",
-                  block_size: int = 16, memory_utilization: float = 0.9) -> int:
-    """(memory * utilization - weights) / bytes per block, as vLLM sizes its cache."""
+                  block_size: int = 16, memory_utilization: float = 0.9,
+                  kv_cache_dtype: str = "auto") -> int:
+    """(memory * utilization - weights) / bytes per block, as vLLM sizes its cache; blocks in
+    kv_cache_dtype (EngineConfig's: "fp8" holds twice bf16's)."""
     weights = cfg.num_params() * dtype_bytes(dtype)
-    blocks = num_blocks_in(profile.memory * memory_utilization - weights, cfg, dtype_name(dtype),
-                           block_size)
+    blocks = num_blocks_in(profile.memory * memory_utilization - weights, cfg,
+                           kv_cache_torch_dtype(kv_cache_dtype, dtype_name(dtype)), block_size)
     if blocks < 1:
         raise ValueError(f"{profile.name} ({profile.memory / GB:.0f} GB at utilization "
                          f"{memory_utilization}) cannot hold {weights / GB:.1f} GB of weights and a "

@@ -36,7 +36,6 @@ from typing import Callable
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine import LLMEngine
 from nanoserve.engine.kv_cache import kv_bytes_per_token
-from nanoserve.measure.ceilings import dtype_name
 from nanoserve.measure.metrics import ServingMetrics, compute_metrics
 from nanoserve.measure.slo import parse_slo
 from nanoserve.measure.workload import Workload
@@ -120,7 +119,8 @@ def simulate_disaggregated(workload: Workload, model_config: ModelConfig, device
     decode = {f"decode{i}": sim_engine(model_config, device, decode_config, dtype,
                                        seed=num_prefill + i) for i in range(num_decode)}
     cluster = Cluster({**prefill, **decode})
-    kv_per_token = kv_bytes_per_token(model_config, dtype_name(dtype))
+    # what the link carries: the cache's bytes (an fp8 cache hands over half of bf16's)
+    kv_per_token = kv_bytes_per_token(model_config, next(iter(decode.values())).kv_cache_dtype)
     link_free = dict.fromkeys(prefill, 0.0)  # when each prefill instance's link is idle
     originals, firsts, final = {}, {}, {}
 

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field, replace
 
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine import Executor, LLMEngine, SchedulerOutput, StepRecord
+from nanoserve.engine.kv_cache import kv_cache_torch_dtype
 from nanoserve.measure.bench import drive
 from nanoserve.measure.metrics import ServingMetrics, compute_metrics
-from nanoserve.measure.roofline import StepCost, dtype_bytes, step_cost
+from nanoserve.measure.roofline import StepCost, dtype_bytes, dtype_name, step_cost
 from nanoserve.measure.workload import Workload
 from nanoserve.outputs import RequestOutput
 from nanoserve.sim.devices import DeviceProfile, num_kv_blocks
@@ -109,14 +110,16 @@ class SimExecutor(Executor):
     `kv_present[request_id] = n` says the first n tokens' KV arrived by transfer (a
     disaggregated decode instance): they occupy blocks and are read as context, but cost
     nothing to compute, unless the request is preempted and must recompute them.
+    kv_cache_dtype (EngineConfig's): an fp8 cache's attention reads one byte a K/V value.
     """
 
     def __init__(self, model_config: ModelConfig, cost_model: CostModel, clock: SimClock,
-                 seed: int = 0):
+                 seed: int = 0, kv_cache_dtype: str = "auto"):
         self.model_config, self.cost_model, self.clock = model_config, cost_model, clock
         self.dtype = cost_model.dtype
         self.rng = random.Random(seed)  # draws the cost model's residuals
         self.dtype_bytes = dtype_bytes(cost_model.dtype)
+        self.kv_cache_dtype = kv_cache_torch_dtype(kv_cache_dtype, dtype_name(cost_model.dtype))
         self.kv_present: dict[str, int] = {}
         # a placeholder for every sampled token; never EOS, so lengths are max_tokens
         self.token = next(t for t in itertools.count(1) if t not in model_config.eos_token_ids)
@@ -135,7 +138,8 @@ class SimExecutor(Executor):
     def execute_model(self, out: SchedulerOutput) -> dict[str, int]:
         batch = self.batch(out)
         cm = self.cost_model
-        t = cm.step_time(step_cost(self.model_config, batch, self.dtype_bytes), len(batch))
+        t = cm.step_time(step_cost(self.model_config, batch, self.dtype_bytes,
+                                   self.kv_cache_dtype.itemsize), len(batch))
         if cm.residuals:
             noise = cm.residuals["prefill" if out.num_prefill_tokens else "decode"]
             t = max(t + self.rng.choice(noise), t * cm.min_ratio)
@@ -175,15 +179,16 @@ def sim_engine(model_config: ModelConfig, device: DeviceProfile | CostModel,
         cost_model = CostModel.from_profile(device, dtype)
         if config.num_kv_blocks is None:
             config = replace(config, num_kv_blocks=num_kv_blocks(
-                device, model_config, dtype, config.block_size, memory_utilization))
+                device, model_config, dtype, config.block_size, memory_utilization,
+                config.kv_cache_dtype))
     else:
         cost_model = device
         if config.num_kv_blocks is None:
             raise ValueError("simulating a bare CostModel needs EngineConfig.num_kv_blocks "
                              "(or pass a DeviceProfile, whose memory sizes the cache)")
     clock = SimClock()
-    return LLMEngine.from_executor(SimExecutor(model_config, cost_model, clock, seed), config,
-                                   clock=clock)
+    return LLMEngine.from_executor(SimExecutor(model_config, cost_model, clock, seed,
+                                               config.kv_cache_dtype), config, clock=clock)
 
 
 def simulate(workload: Workload, model_config: ModelConfig, device: DeviceProfile | CostModel,

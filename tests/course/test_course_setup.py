@@ -37,6 +37,8 @@ def test_sizes_and_models():
     assert setup.sizes("10", True, "cpu")["model"] == DEMO_MODEL_DIR  # text in and out over HTTP
     assert setup.sizes("10", False, "cpu")["model"] == "preset:llama-120m"
     assert setup.sizes("12", True, "cpu")["model"] == "smollm2-135m"  # the real model: acceptance needs text
+    assert setup.sizes("13", True, "cpu")["model"] == DEMO_MODEL_DIR  # a trained model: quality
+    assert setup.sizes("13", False, "cpu")["quality_model"] == "smollm2-135m"
     with pytest.raises(ValueError, match="lesson '99'"):
         setup.sizes("99")
     assert setup.default_dtype("cpu") == "float32" and setup.default_dtype("cuda:0") == "bfloat16"

@@ -82,3 +82,18 @@ def test_two_replicas_at_b_against_one_at_2b(monkeypatch):
     # $3.60 an hour is $0.001 a second: 1e6 requests at 4/s cost $250; two devices at 8/s the same
     assert strict[0]["$ per 1M good requests"] == pytest.approx(250) == strict[2]["$ per 1M good requests"]
     assert loose[1]["$ per 1M good requests"] == pytest.approx(125)  # 2B on one device: half
+
+
+def test_a_given_memory_replaces_the_devices_and_the_widget_gets_a_slider():
+    full = ex.datasheet_capacity("llama-3-8b", 4096, "H100-SXM")
+    small = ex.datasheet_capacity("llama-3-8b", 4096, "H100-SXM", memory=24e9)
+    per_request = small.kv_bytes_per_request
+    assert small.max_batch == int((24e9 - small.weight_bytes) // per_request) < full.max_batch
+    fp8 = ex.datasheet_capacity("llama-3-8b", 4096, "H100-SXM", kv_dtype="fp8", memory=24e9)
+    assert fp8.max_batch in (2 * small.max_batch, 2 * small.max_batch + 1)
+    from nanoserve.course.widgets import kv_capacity_explorer
+    box = kv_capacity_explorer(memory_gb=24)
+    sliders = [w for row in box.children for w in getattr(row, "children", [row])
+               if getattr(w, "description", "") == "memory GB"]
+    assert len(sliders) == 1 and sliders[0].value == 24
+    assert "memory GB" not in repr(kv_capacity_explorer())

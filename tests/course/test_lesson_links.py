@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-LESSONS = ("02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12")
+LESSONS = ("02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12", "13")
 TRACED = ("02", "03", "04", "05", "06", "12")
 LINK = re.compile(r"\]\((\.\./nanoserve/[^)#\s]+)(?:#[^)]*)?\)")
 

@@ -1,4 +1,5 @@
-"""The Triton attention kernels compile for a GPU target (sm_90) on a machine without one.
+"""The Triton attention kernels and the cache write compile for a GPU target (sm_90) on a machine
+without one, over float and fp8 (e4m3) caches.
 
 The interpreter runs kernels as Python, so it cannot catch what only the compiler rejects (types
 of loop-carried values, tile shapes, shared memory). Triton compiles to PTX and cubin without a
@@ -17,28 +18,41 @@ SCRIPT = r'''
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from nanoserve.kernels import triton_attention, triton_prefill
+from nanoserve.kernels import triton_attention, triton_ops, triton_prefill
 
 target = GPUTarget("cuda", 90, 32)
 ints = ["stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_cb", "stride_cs", "stride_ch",
         "stride_bt", "block_size"]
-for dtype, native, precision in [("bf16", True, "tf32"), ("fp16", True, "tf32"), ("fp32", False, "ieee")]:
-    for head_dim, group, warps in [(64, 7, 4), (128, 4, 8)]:
+# (model dtype, native tiles, dot precision, cache dtype): fp8e4nv is an fp8 KV cache (e4m3)
+cases = [("bf16", True, "tf32", "bf16"), ("fp16", True, "tf32", "fp16"), ("fp32", False, "ieee", "fp32"),
+         ("bf16", True, "tf32", "fp8e4nv"), ("fp32", False, "ieee", "fp8e4nv")]
+for dtype, native, precision, cache in cases:
+    fp8 = cache == "fp8e4nv"
+    ptrs = {"q_ptr": "*" + dtype, "k_cache_ptr": "*" + cache, "v_cache_ptr": "*" + cache,
+            "out_ptr": "*" + dtype}
+    for head_dim, group, warps in [(64, 7, 4)] + ([] if fp8 else [(128, 4, 8)]):
         consts = dict(HEAD_DIM=head_dim, GROUP=group, BLOCK_M=64, BLOCK_N=64, BLOCK_D=head_dim,
-                      NATIVE=native, DOT_PRECISION=precision)
-        sig = {**{n: "*" + dtype for n in ["q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"]},
-               "block_tables_ptr": "*i32", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32",
-               "num_seqs": "i32", "qk_scale": "fp32", **{n: "i32" for n in ints},
-               **{k: "constexpr" for k in consts}}
+                      NATIVE=native, FP8=fp8, DOT_PRECISION=precision)
+        sig = {**ptrs, "block_tables_ptr": "*i32", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32",
+               "num_seqs": "i32", "qk_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32",
+               **{n: "i32" for n in ints}, **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=triton_prefill._flash_prefill_kernel, signature=sig, constexprs=consts)
         triton.compile(src, target=target, options=dict(num_warps=warps, num_stages=2))
         consts = dict(HEAD_DIM=head_dim, GROUP=group, GROUP_PAD=8 if group > 4 else 4, BLOCK_Q=2,
                       BLOCK_D=head_dim, BLOCK_N=32, DOT_PRECISION=precision)
-        sig = {**{n: "*" + dtype for n in ["q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"]},
-               "block_tables_ptr": "*i32", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32",
-               "scale": "fp32", **{n: "i32" for n in ints}, **{k: "constexpr" for k in consts}}
+        sig = {**ptrs, "block_tables_ptr": "*i32", "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32",
+               "scale": "fp32", "k_scale": "fp32", "v_scale": "fp32", **{n: "i32" for n in ints},
+               **{k: "constexpr" for k in consts}}
         src = ASTSource(fn=triton_attention._paged_attention_kernel, signature=sig, constexprs=consts)
         triton.compile(src, target=target, options=dict(num_warps=4))
+    consts = dict(BLOCK_H=4, BLOCK_D=64, FP8=fp8)
+    sig = {"k_ptr": "*" + dtype, "v_ptr": "*" + dtype, "k_cache_ptr": "*" + cache,
+           "v_cache_ptr": "*" + cache, "slot_mapping_ptr": "*i64",
+           **{n: "i32" for n in ["stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_cb",
+                                 "stride_cs", "stride_ch", "block_size", "num_kv_heads", "head_dim"]},
+           "k_scale": "fp32", "v_scale": "fp32", "FP8_MAX": "fp32", **{k: "constexpr" for k in consts}}
+    src = ASTSource(fn=triton_ops._reshape_and_cache_kernel, signature=sig, constexprs=consts)
+    triton.compile(src, target=target, options=dict(num_warps=4))
 print("compiled")
 '''
 

@@ -60,6 +60,11 @@ def test_step_cost_matches_hand_calculation():
     assert low.bytes["attention"] == 7_808
     assert low.bytes["linear"] == 348_160 // 2
 
+    # 8-bit linear weights (codes + scales' share) under bf16 activations: the weights' term only
+    w8 = rl.step_cost(SMALL, [(4, 4), (1, 10), (3, 7, False)], dtype_bytes=2, weight_dtype_bytes=1.25)
+    assert w8.bytes["linear"] == 2 * (36864 * 1.25 + 8 * 832 * 2)
+    assert w8.bytes["lm_head"] == low.bytes["lm_head"] and w8.flops == cost.flops
+
 
 @pytest.mark.parametrize("q,ctx", [(1, 1), (1, 9), (5, 5), (3, 11), (16, 40)])
 def test_attention_pairs_equal_the_causal_mask(q, ctx):

@@ -173,3 +173,30 @@ def test_serve_a_gguf_uses_its_chat_template(files):
     tok = Tokenizer.from_file(os.path.join(fetch.gguf_folder(path), "tokenizer.json"))
     rendered = ChatTemplate(CHAT_TEMPLATE).render(msgs, True)  # the template the GGUF carries
     assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(rendered).ids)
+
+
+def test_q8_0_codes_go_to_the_int8_path_as_they_are(tiny, files):
+    """With quantization="int8" a Q8_0 file's linears keep its codes and per-32 scales (never
+    widened): dequantized they equal gguf's own dequantization exactly, so greedy output equals
+    the dequantized model's."""
+    from nanoserve.kernels.quantization import dequantize_weight
+    model, _, _ = tiny
+    config = EngineConfig(max_num_seqs=4, num_kv_blocks=64)
+    quant = LLM(files["Q8_0"], dtype="float32", config=config, quantization="int8")
+    want = reference_weights(model.state_dict(), "Q8_0")
+    layers = quant.engine.model.layers
+    for i, layer in enumerate(layers):
+        qkv, gate_up = layer.self_attn.qkv_proj, layer.mlp.gate_up_proj
+        assert qkv.qweight.dtype == torch.int8 and "weight" not in qkv._parameters
+        assert qkv.weight_scale.shape == (qkv.out_features, qkv.in_features // 32)
+        p = f"model.layers.{i}."
+        fused = {qkv: ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+                 layer.self_attn.o_proj: ["self_attn.o_proj"],
+                 gate_up: ["mlp.gate_proj", "mlp.up_proj"], layer.mlp.down_proj: ["mlp.down_proj"]}
+        for m, names in fused.items():
+            ref = torch.cat([want[p + n + ".weight"] for n in names])
+            assert torch.equal(dequantize_weight(m.qweight, m.weight_scale), ref), names
+    dense = LLM(files["Q8_0"], dtype="float32", config=config)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    assert [o.token_ids for o in quant.generate(PROMPTS, params)] == \
+        [o.token_ids for o in dense.generate(PROMPTS, params)]

@@ -69,7 +69,8 @@ def kv_crossover_tokens(llm) -> float:
     engine = engine_of(llm)
     cfg, dtype = engine.model_config, roofline.dtype_name(engine.dtype)
     weights = roofline.step_cost(cfg, roofline.decode_batch(1, 1), roofline.dtype_bytes(dtype))
-    return (weights.bytes["linear"] + weights.bytes["lm_head"]) / kv_bytes_per_token(cfg, dtype)
+    per_token = kv_bytes_per_token(cfg, engine.kv_cache_dtype)  # an fp8 cache: half of bf16's
+    return (weights.bytes["linear"] + weights.bytes["lm_head"]) / per_token
 
 
 def grid_table(points: Sequence[GridPoint], ceilings: roofline.DeviceCeilings, dtype: str) -> Table:

@@ -92,12 +92,14 @@ def kv_capacity(cfg, model: str, context_len: int, memory: float, bandwidth: flo
 
 def datasheet_capacity(model: str = "llama-3-8b", context_len: int = 4096, device: str = "H100-SXM",
                        weight_dtype: str = "bfloat16", kv_dtype: str = "bfloat16",
-                       utilization: float = 0.92) -> KVCapacity:
+                       utilization: float = 0.92, memory: float | None = None) -> KVCapacity:
     """kv_capacity on a datasheet GPU (nanoserve.sim.devices), `utilization` of its memory for
-    weights and cache (vLLM's default gpu_memory_utilization)."""
+    weights and cache (vLLM's default gpu_memory_utilization), or `memory` bytes when given (a
+    smaller share of the device, or another card of its bandwidth)."""
     from nanoserve.sim.devices import DEVICES, model_shape
     if device not in DEVICES:
         raise ValueError(f"device={device!r}; choose from {sorted(DEVICES)}")
     p = DEVICES[device]
-    return kv_capacity(model_shape(model), model, context_len, p.memory * utilization, p.bandwidth,
+    return kv_capacity(model_shape(model), model, context_len,
+                       p.memory * utilization if memory is None else memory, p.bandwidth,
                        p.peak_flops, weight_dtype, kv_dtype)

@@ -136,7 +136,7 @@ def check_kv_allocator(llm) -> AllocatorCheck:
     engine = engine_of(llm)
     caches = engine.executor.kv_caches  # per layer (k_cache, v_cache)
     tensors = [t for kv in caches for t in kv]
-    per_block = kv_bytes_per_block(engine.model_config, engine.config.block_size, engine.dtype)
+    per_block = kv_bytes_per_block(engine.model_config, engine.config.block_size, engine.kv_cache_dtype)
     return AllocatorCheck(engine.num_kv_blocks, engine.config.block_size, per_block,
                           sum(t.nbytes for t in tensors), tuple(tensors[0].shape), len(tensors))
 

@@ -136,7 +136,7 @@ def kv_memory_table(engine_or_llm, runs: dict, price_per_hour: float) -> Table:
     from nanoserve.engine.kv_cache import kv_bytes_per_block, kv_bytes_per_token
     from nanoserve.measure.cost import kv_memory_time
     engine = engine_of(engine_or_llm)
-    cfg, dtype = engine.model_config, engine.dtype
+    cfg, dtype = engine.model_config, engine.kv_cache_dtype
     per_token = kv_bytes_per_token(cfg, dtype)
     pool = engine.num_kv_blocks * kv_bytes_per_block(cfg, engine.config.block_size, dtype)
     rows = []

@@ -1,5 +1,5 @@
 """Lessons in JupyterLab in a real browser, quick mode: every cell runs, no error output, and
-(05, 07) the widgets render with a figure and moving a slider changes the figure; (06, 10) every
+(05, 07, 13) the widgets render with a figure and moving a slider changes the figure; (06, 10) every
 figure shows. nbval runs the kernel only; this runs the front end too, and keeps a screenshot of
 each whole lesson at JupyterLab's width in test-artifacts/ to look at. Also: RISE (live slides) loads.
 """
@@ -99,7 +99,7 @@ def wait_changed(img, before: str, timeout: float = 120):
     pytest.fail(f"the figure did not change within {timeout:.0f} s of moving the slider")
 
 
-@pytest.mark.parametrize("number", ["05", "07"])
+@pytest.mark.parametrize("number", ["05", "07", "13"])
 def test_lesson_runs_and_its_widget_responds(browser, lab, artifacts, number):
     path = lessons.lesson_path(number).name
     page = browser.new_page(viewport={"width": 1400, "height": 1000})

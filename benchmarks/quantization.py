@@ -1,0 +1,162 @@
+"""Fewer bytes per step: batch-1 decode with fp32, bf16, int8 and fp8 weights, on the roofline.
+
+    python benchmarks/quantization.py [--models preset:llama-120m,smollm2-135m] [--tokens 96]
+                                      [--rounds 3]
+
+In one run: the machine's weight-read bandwidth (nanoserve.measure's batch-1 fp32 GEMV ceiling);
+one pass over llama-120m's linears at batch 1 per kernel variant (the engine's fp32 and bf16 GEMV,
+the int8 and fp8 GEMV over codes; bf16 activations for the 8-bit ones) as GB/s of weight bytes
+read and their share of that bandwidth; then, per model, batch-1 decode of every variant (int8
+and fp8: weight-only codes, bf16 activations and KV cache) in interleaved rounds, each round's
+median inter-token latency, the bytes one step reads (nanoserve.measure.step_cost, the 8-bit
+linears at 1 byte a weight plus their scales) and the floor those bytes take at the measured
+bandwidth. Prints tables and the ratios int8/bf16 and fp8/bf16 of tokens/s (median of rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from nanoserve import LLM, EngineConfig, SamplingParams
+from nanoserve.kernels import cpu_gemm, cpu_quant_gemm
+from nanoserve.kernels.quantization import quantize_weight
+from nanoserve.measure.ceilings import measure_ceilings
+from nanoserve.measure.roofline import decode_batch, step_cost
+from nanoserve.model import preset_config
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_linear import layer_shapes  # noqa: E402
+
+VARIANTS = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "int8": ("bfloat16", "int8"),
+            "fp8": ("bfloat16", "fp8")}
+
+
+def machine() -> str:
+    name = "unknown CPU"
+    with open("/proc/cpuinfo") as f:
+        text = f.read()
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            name = line.split(":", 1)[1].strip()
+            break
+    flags = set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
+    has = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "f16c") if f in flags]
+    return f"{name}, {os.cpu_count()} CPUs, flags {' '.join(has)}"
+
+
+def gemv_pass(mods, shapes, dtype, reps: int = 20) -> float:
+    """Median seconds of one batch-1 pass over every layer (the weights stream from DRAM)."""
+    xs = {i: torch.randn(1, i).to(dtype) for _, i in shapes}
+
+    def one():
+        for m, (_, i) in zip(mods, shapes):
+            m(xs[i])
+    for _ in range(3):
+        one()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        one()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def gemv_table(bandwidth: float) -> None:
+    cfg = preset_config("llama-120m")
+    shapes = layer_shapes(cfg) * cfg.num_hidden_layers
+    dense = [torch.randn(o, i) * 0.02 for o, i in shapes]
+    variants = {"fp32 GEMV": ([cpu_gemm.PackedLinear(w, None) for w in dense], torch.float32),
+                "bf16 GEMV": ([cpu_gemm.PackedLinear(w.bfloat16(), None) for w in dense], torch.bfloat16)}
+    for method in ("int8", "fp8"):
+        buffer = cpu_quant_gemm.DequantBuffer(max(w.numel() for w in dense))
+        mods = [cpu_quant_gemm.QuantizedCpuLinear(*quantize_weight(w, method), None, buffer) for w in dense]
+        variants[f"{method} GEMV"] = (mods, torch.bfloat16)
+    print(f"\nGEMV, one batch-1 pass over llama-120m's {len(shapes)} linears (bf16 activations for "
+          f"the 8-bit codes); weight reads measured at {bandwidth / 1e9:.1f} GB/s")
+    print("| kernel | MB read | ms | GB/s | share of weight-read bandwidth |\n|---|---|---|---|---|")
+    for name, (mods, dtype) in variants.items():
+        nbytes = sum(m.qweight.nbytes + m.weight_scale.nbytes if hasattr(m, "qweight")
+                     else m.dense_weight().nbytes for m in mods)
+        s = gemv_pass(mods, shapes, dtype)
+        print(f"| {name} | {nbytes / 1e6:.1f} | {s * 1e3:.2f} | {nbytes / s / 1e9:.1f} | "
+              f"{nbytes / s / bandwidth:.0%} |", flush=True)
+
+
+def step_bytes(llm, context: int) -> float:
+    """Bytes one batch-1 decode step reads: step_cost with the linears' weights at their real size."""
+    cfg, net = llm.engine.model_config, llm.engine.model
+    act = torch.finfo(llm.engine.dtype).bits // 8
+    quant = [m for m in net.modules() if hasattr(m, "qweight")]
+    wb = None
+    if quant:
+        codes = sum(m.qweight.nbytes + m.weight_scale.nbytes for m in quant)
+        wb = codes / sum(m.qweight.numel() for m in quant)
+    return step_cost(cfg, decode_batch(1, context), act, weight_dtype_bytes=wb).total_bytes
+
+
+def decode_itl(llm, prompt: list[int], tokens: int) -> float:
+    out = llm.generate([prompt], SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))[0]
+    times = out.metrics.token_times
+    return statistics.median(b - a for a, b in zip(times[1:], times[2:]))  # steps after the first decode
+
+
+def decode_table(model: str, tokens: int, rounds: int, bandwidth: float) -> dict[str, float]:
+    prompt = list(range(100, 132))
+    config = EngineConfig(num_kv_blocks=64, max_num_seqs=4)
+    llms = {name: LLM(model, device="cpu", dtype=dtype, quantization=q, config=config)
+            for name, (dtype, q) in VARIANTS.items()}
+    for llm in llms.values():
+        decode_itl(llm, prompt, 8)  # warm-up
+    itl = {name: [] for name in llms}
+    for _ in range(rounds):  # interleaved: a burst of load elsewhere hits every variant alike
+        for name, llm in llms.items():
+            itl[name].append(decode_itl(llm, prompt, tokens))
+    context = len(prompt) + tokens // 2
+    print(f"\n{model}: batch-1 decode, {len(prompt)}-token prompt, {tokens} tokens, median of {rounds} "
+          f"interleaved rounds; floor = bytes per step / {bandwidth / 1e9:.1f} GB/s")
+    print("| weights | activations | MB per step | ITL ms | floor ms | share of floor | tok/s |\n"
+          "|---|---|---|---|---|---|---|")
+    tok_s = {}
+    for name, llm in llms.items():
+        nbytes = step_bytes(llm, context)
+        ms = statistics.median(itl[name]) * 1e3
+        floor = nbytes / bandwidth * 1e3
+        tok_s[name] = 1e3 / ms
+        act = VARIANTS[name][0].replace("float32", "fp32").replace("bfloat16", "bf16")
+        print(f"| {name} | {act} | {nbytes / 1e6:.1f} | {ms:.2f} | {floor:.2f} | {floor / ms:.0%} | "
+              f"{tok_s[name]:.1f} |", flush=True)
+    for name in ("int8", "fp8"):
+        per_round = [b / q for b, q in zip(itl["bf16"], itl[name])]
+        print(f"{name}/bf16 tokens/s: {tok_s[name] / tok_s['bf16']:.2f}x "
+              f"(rounds: {', '.join(f'{r:.2f}' for r in per_round)}); bytes per step "
+              f"{step_bytes(llms['bf16'], context) / step_bytes(llms[name], context):.2f}x fewer")
+    return tok_s
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="preset:llama-120m,smollm2-135m")
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f} at the start; torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads")
+    ceilings = measure_ceilings("cpu")
+    bandwidth = ceilings.weight_read_bandwidth
+    print(f"weight-read bandwidth (batch-1 fp32 GEMV, 256 MiB): {bandwidth / 1e9:.1f} GB/s; "
+          f"copy {ceilings.copy_bandwidth / 1e9:.1f} GB/s")
+    with torch.inference_mode():
+        gemv_table(bandwidth)
+    for model in args.models.split(","):
+        decode_table(model, args.tokens, args.rounds, bandwidth)
+    print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Lesson 13: fewer bytes per weight, measured: batch-1 decode against its roofline floor for each
+weight format, and a compute-bound prefill, which fewer bytes do not speed up.
+
+A weight format is (model dtype, quantization): "float32", "bfloat16", "int8" and "fp8" (8-bit
+codes with per-channel scales beside bf16 activations, LLM(model, quantization=...)). The floor
+of a decode step is the bytes it must read (every linear weight at its format's width, the
+lm_head and embedding in the model dtype, the KV cache) over the bandwidth this device measured
+(measure.roofline); the step time is the engine's own, replayed here.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from nanoserve.config import EngineConfig
+from nanoserve.course.experiments.kv_dtype import decode_step_time
+from nanoserve.course.table import Table
+from nanoserve.engine.llm import LLM, engine_of
+from nanoserve.measure import roofline
+from nanoserve.measure.workload import synthetic
+
+# format -> (model dtype, quantization)
+WEIGHT_FORMATS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
+                  "int8": ("bfloat16", "int8"), "fp8": ("bfloat16", "fp8")}
+
+
+def load(model: str, weight_format: str, kv_cache_dtype: str = "auto", **config) -> LLM:
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_format={weight_format!r}; choose from {list(WEIGHT_FORMATS)}")
+    dtype, quantization = WEIGHT_FORMATS[weight_format]
+    return LLM(model, None, dtype, config=EngineConfig(quantization=quantization,
+                                                        kv_cache_dtype=kv_cache_dtype, **config))
+
+
+def decode_floor(llm, batch: int, context: int, ceilings) -> tuple[float, float]:
+    """(bytes, seconds) a decode step of `llm` must read at least: its linears' weights as they are
+    stored (8-bit codes and their scales, or the model dtype), the lm_head, activations and KV in
+    the model dtype (modelled: measure.roofline.step_cost over this device's bandwidth)."""
+    engine = engine_of(llm)
+    quantized = [m for m in engine.model.modules() if hasattr(m, "qweight")]
+    width = None
+    if quantized:  # bytes per weight, the scales' share included
+        width = (sum(m.qweight.nbytes + m.weight_scale.nbytes for m in quantized)
+                 / sum(m.qweight.numel() for m in quantized))
+    cost = roofline.step_cost(engine.model_config, roofline.decode_batch(batch, context),
+                              engine.dtype.itemsize, engine.kv_cache_dtype.itemsize, width)
+    return cost.total_bytes, cost.total_bytes / ceilings.bandwidth
+
+
+@dataclass
+class WeightRow:
+    weight_format: str
+    weight_bytes: float  # bytes a decode step reads at least
+    floor_s: float
+    itl_s: float  # measured batch-1 decode step
+
+    @property
+    def share_of_floor(self) -> float:
+        return self.floor_s / self.itl_s
+
+
+def weight_formats_itl(model: str, formats, context: int, steps: int, ceilings) -> list[WeightRow]:
+    """Each format's batch-1 decode step on this device against its floor (one engine at a time)."""
+    rows = []
+    for fmt in formats:
+        llm = load(model, fmt, num_kv_blocks=-(-(context + steps + 2) // 16) + 2)
+        decode_step_time(llm, 1, context, 2)  # warm-up: lazy packing, first-call costs
+        itl = decode_step_time(llm, 1, context, steps)
+        nbytes, floor = decode_floor(llm, 1, context, ceilings)
+        rows.append(WeightRow(fmt, nbytes, floor, itl))
+        del llm
+    return rows
+
+
+def weights_table(rows: list[WeightRow]) -> Table:
+    base = rows[0]
+    return Table([{"weights": r.weight_format, "MB read a step (floor)": r.weight_bytes / 1e6,
+                   "floor ms": 1e3 * r.floor_s, "measured ITL ms": 1e3 * r.itl_s,
+                   "floor / measured": f"{r.share_of_floor:.0%}",
+                   f"speed-up vs {base.weight_format}": round(base.itl_s / r.itl_s, 2)} for r in rows],
+                 "Batch-1 decode: measured on this device; floor modelled from its measured bandwidth",
+                 ".3g")
+
+
+def prefill_time(llm, prompt_len: int, reps: int = 3) -> float:
+    """Median seconds of one prefill step of a prompt_len-token prompt (the whole prompt in one
+    step: max_num_batched_tokens must allow it)."""
+    engine = engine_of(llm)
+    times = []
+    for seed in range(reps):
+        workload = synthetic(1, prompt_len, 1, seed=seed, vocab_size=engine.model_config.vocab_size)
+        first = len(engine.trace)
+        for r in workload:
+            engine.add_request(r.prompt_token_ids, r.params)
+        while engine.has_unfinished():
+            engine.step()
+        times += [s.duration for s in engine.trace[first:] if s.num_prefill_tokens == prompt_len]
+    return statistics.median(times)

@@ -1,0 +1,49 @@
+"""Lesson 13's figures: batch-1 decode per weight format against its floor, and what an fp8 KV
+cache changes on a memory-limited engine (blocks, most requests running, goodput)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from nanoserve.measure.figures import MEASURED_COLOR, MODELLED_COLOR
+
+
+def plot_weight_formats(rows: Sequence, device: str, ax=None):
+    """Measured batch-1 ITL per weight format, its roofline floor beside it."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6), constrained_layout=True)
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [1e3 * r.itl_s for r in rows], 0.4, color=MEASURED_COLOR,
+           label="measured ITL")
+    ax.bar([i + 0.2 for i in x], [1e3 * r.floor_s for r in rows], 0.4, color=MODELLED_COLOR,
+           label="floor: bytes / measured bandwidth")
+    for i, r in enumerate(rows):
+        ax.text(i - 0.2, 1e3 * r.itl_s, f"{r.share_of_floor:.0%}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), [r.weight_format for r in rows])
+    ax.set_ylabel("batch-1 decode step (ms)")
+    ax.set_title(f"Fewer bytes per weight: {device}", fontsize=10)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_kv_dtype(capacity_rows: Sequence, runs: Sequence, slo: str, device: str, axes=None):
+    """Left: blocks in the same memory and the largest batch that fits; right: goodput at the SLO
+    and the most requests running at once, per kv_cache_dtype (all measured)."""
+    import matplotlib.pyplot as plt
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    ax, bx = axes
+    names = [r.kv_cache_dtype for r in capacity_rows]
+    ax.bar(names, [r.num_kv_blocks for r in capacity_rows], color=MEASURED_COLOR)
+    for i, r in enumerate(capacity_rows):
+        ax.text(i, r.num_kv_blocks, f"max batch {r.max_batch}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("KV blocks in the same memory")
+    ax.set_title("Capacity", fontsize=10)
+    bx.bar([r.kv_cache_dtype for r in runs], [r.goodput for r in runs], color=MEASURED_COLOR)
+    for i, r in enumerate(runs):
+        bx.text(i, r.goodput, f"{r.attainment:.0%} in SLO, {r.max_running} running", ha="center",
+                va="bottom", fontsize=8)
+    bx.set_ylabel(f"goodput (req/s, {slo})")
+    bx.set_title(f"Goodput at a fixed SLO: {device}", fontsize=10)
+    return axes

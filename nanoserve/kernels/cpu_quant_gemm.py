@@ -1,0 +1,94 @@
+"""CPU linears over 8-bit weight codes: the GEMV for one or two rows, a dequantized layer for more.
+
+A quantized linear (model/quantization.py's QuantizedLinear: any module holding `qweight`, int8 or
+float8_e4m3fn codes (out, in), and `weight_scale`, fp32 (out, groups)) computes, by the reference,
+F.linear on its weight dequantized afresh each call. Where the C++ ops build, `pack_quantized`
+swaps each for a QuantizedCpuLinear:
+
+- one or two rows (batch-1 and batch-2 decode) run the GEMV of cpu_quant_gemv.cpp, which reads
+  the codes and scales directly: a byte per weight, the point of quantizing (benchmarks/
+  quantization.py measures its weight-read rate against a float GEMV's);
+- more rows dequantize the layer into one buffer the model's layers share (the largest layer's
+  size, allocated once), then run F.linear on it: a prefill chunk's matmul does enough arithmetic
+  per weight that the extra pass over the weight costs little beside it.
+
+Its state_dict keeps `qweight`, `weight_scale` (and `bias`). Activations other than fp32 and bf16
+(fp16) take the reference's path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanoserve.kernels.quantization import quantized_linear
+
+GEMV_ROWS = 2  # inputs of at most this many rows go to the GEMV, larger ones to a dequantized matmul
+ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def is_quantized_linear(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "qweight", None), torch.Tensor) and \
+        isinstance(getattr(module, "weight_scale", None), torch.Tensor)
+
+
+def _takes(qweight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
+    """Can the C++ ops read these codes (groups of a multiple of 8 values, a vector's width)?"""
+    return qweight.dim() == 2 and qweight.shape[1] % weight_scale.shape[1] == 0 and \
+        (qweight.shape[1] // weight_scale.shape[1]) % 8 == 0
+
+
+class DequantBuffer:
+    """One flat buffer per dtype, reused by every layer of a model for its dequantized weight
+    (layers run one after another, so one weight is in flight at a time)."""
+
+    def __init__(self, numel: int):
+        self.numel, self.buffers = numel, {}
+
+    def get(self, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+        buf = self.buffers.get(dtype)
+        if buf is None:
+            buf = self.buffers[dtype] = torch.empty(self.numel, dtype=dtype)
+        return buf[:shape[0] * shape[1]].view(shape)
+
+
+class QuantizedCpuLinear(nn.Module):
+    """A quantized linear on the C++ ops: the GEMV up to GEMV_ROWS rows, a dequantized matmul above."""
+
+    def __init__(self, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                 buffer: DequantBuffer):
+        super().__init__()
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("weight_scale", weight_scale)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.out_features, self.in_features = qweight.shape
+        self.buffer = buffer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in ACTIVATION_DTYPES or (self.bias is not None and self.bias.dtype != x.dtype):
+            return quantized_linear(x, self.qweight, self.weight_scale, self.bias)
+        rows = x.numel() // x.shape[-1]
+        if rows <= GEMV_ROWS:
+            y = x.new_empty(rows, self.out_features)
+            torch.ops.nanoserve_cpu.quant_gemv(y, x.reshape(rows, -1).contiguous(), self.qweight,
+                                               self.weight_scale, self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
+        w = self.buffer.get((self.out_features, self.in_features), x.dtype)
+        torch.ops.nanoserve_cpu.quant_dequantize(w, self.qweight, self.weight_scale)
+        return F.linear(x, w, self.bias)
+
+
+def pack_quantized(model: nn.Module) -> None:
+    """Every quantized linear of `model` whose codes the C++ ops read becomes a QuantizedCpuLinear,
+    all sharing one DequantBuffer. Call only where the C++ ops are built and chosen."""
+    layers = [(name, m) for name, m in model.named_modules()
+              if is_quantized_linear(m) and not isinstance(m, QuantizedCpuLinear)
+              and m.qweight.device.type == "cpu" and _takes(m.qweight, m.weight_scale)]
+    if not layers:
+        return
+    buffer = DequantBuffer(max(m.qweight.numel() for _, m in layers))
+    for name, m in layers:
+        parent, attr = name.rsplit(".", 1)
+        setattr(model.get_submodule(parent), attr,
+                QuantizedCpuLinear(m.qweight, m.weight_scale, getattr(m, "bias", None), buffer))

@@ -1,0 +1,215 @@
+// Linear layers over 8-bit weight codes on a CPU (kernels/quantization.py defines the formats):
+// the GEMV of one or two rows reading the codes and scales directly, and the dequantization of a
+// layer into a buffer (for batches of more rows, which then run a float matmul on it).
+//
+// A row's weight is int8 or fp8 e4m3 codes with an fp32 scale per group of input values (one group:
+// per-output-channel scales; 32: GGUF's Q8_0 blocks). The GEMV streams the codes as cpu_gemv.cpp
+// streams a float weight (a contiguous range of rows per thread, in memory order), widens each code
+// to fp32, sums a group's products in fp32 and adds the group's sum times its scale: one byte read
+// per weight instead of two (bf16) or four (fp32). The e4m3 -> fp32 widening is exact: an e4m3
+// code's 7 magnitude bits shifted left by 7 are the fp16 of the same value times 2^-8 (the
+// exponent biases differ by 8; e4m3's subnormals land on fp16's), which the CPU's fp16 conversion
+// (F16C's vcvtph2ps where the CPU has it) widens; the 2^8 goes into the group's scale.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+#include "cpu_common.h"
+
+namespace {
+
+using nanoserve::load8;
+using nanoserve::sum8;
+using nanoserve::vf8;
+using nanoserve::vi8;
+
+// Eight codes from p, widened to fp32. Intrinsics on x86 with AVX2 and F16C (every AVX-512 CPU has
+// both): GCC lowers 8-byte vector types lane by lane. Elsewhere the same arithmetic in portable
+// vector code (the fp8 one exact without F16C: normal codes by their bits, subnormals by a multiply).
+struct Int8Code {
+  static constexpr float kScale = 1.f;
+  static vf8 load(const uint8_t* p) {
+#if defined(__AVX2__)
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+    vf8 v;
+    std::memcpy(&v, &f, sizeof v);
+    return v;
+#else
+    int8_t c[8];
+    std::memcpy(c, p, sizeof c);
+    return vf8{float(c[0]), float(c[1]), float(c[2]), float(c[3]), float(c[4]), float(c[5]), float(c[6]), float(c[7])};
+#endif
+  }
+};
+
+struct Fp8Code {
+#if defined(__AVX2__) && defined(__F16C__)
+  static constexpr float kScale = 256.f;  // the fp16 read below is the value times 2^-8
+  static vf8 load(const uint8_t* p) {
+    const __m128i u = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i sign = _mm_slli_epi16(_mm_and_si128(u, _mm_set1_epi16(0x80)), 8);
+    const __m128i mag = _mm_slli_epi16(_mm_and_si128(u, _mm_set1_epi16(0x7F)), 7);
+    const __m256 f = _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+    vf8 v;
+    std::memcpy(&v, &f, sizeof v);
+    return v;
+  }
+#else
+  static constexpr float kScale = 1.f;
+  static vf8 load(const uint8_t* p) {
+    uint8_t b[8];
+    std::memcpy(b, p, sizeof b);
+    const vi8 u = {b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]};
+    const vi8 mag = u & 0x7F;
+    const vi8 normal = (mag << 20) + (120 << 23);  // exponent rebiased from 7 to 127
+    vf8 vn;
+    std::memcpy(&vn, &normal, sizeof vn);
+    const vf8 sub = __builtin_convertvector(mag, vf8) * 0x1p-9f;  // 2^-6 * mantissa / 8
+    vi8 bits;
+    const vf8 v = mag < 8 ? sub : vn;
+    std::memcpy(&bits, &v, sizeof bits);
+    bits |= (u & 0x80) << 24;
+    vf8 out;
+    std::memcpy(&out, &bits, sizeof out);
+    return out;
+  }
+#endif
+};
+
+// Output rows [r0, r1) for M rows of x (fp32, `in` apart); `group` (a multiple of 8) values share
+// a scale, `groups` scales a row. Four chains of multiply-adds per x row within a group, as in
+// cpu_gemv.cpp.
+template <typename Code, int M>
+void rows(const uint8_t* q, const float* scale, const float* x, float* y, int64_t r0, int64_t r1,
+          int64_t in, int64_t out, int64_t group) {
+  const int64_t groups = in / group;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* qr = q + r * in;
+    vf8 acc[M] = {};
+    for (int64_t g = 0; g < groups; ++g) {
+      vf8 part[M][4] = {};
+      const int64_t end = (g + 1) * group;
+      int64_t i = g * group;
+      for (; i + 32 <= end; i += 32)
+        for (int c = 0; c < 4; ++c) {
+          const vf8 wv = Code::load(qr + i + 8 * c);
+          for (int m = 0; m < M; ++m) part[m][c] += wv * load8(x + m * in + i + 8 * c);
+        }
+      for (; i < end; i += 8) {  // a group of 8k values, k not a multiple of 4: the rest
+        const vf8 wv = Code::load(qr + i);
+        for (int m = 0; m < M; ++m) part[m][0] += wv * load8(x + m * in + i);
+      }
+      const float s = scale[r * groups + g] * Code::kScale;
+      for (int m = 0; m < M; ++m) acc[m] += s * ((part[m][0] + part[m][1]) + (part[m][2] + part[m][3]));
+    }
+    for (int m = 0; m < M; ++m) y[m * out + r] = sum8(acc[m]);
+  }
+}
+
+bool is_fp8(const at::Tensor& q) { return q.scalar_type() == at::kFloat8_e4m3fn; }
+
+void check_codes(const at::Tensor& q, const at::Tensor& scale, const char* op) {
+  TORCH_CHECK(q.device().is_cpu() && scale.device().is_cpu(), op, ": CPU tensors only");
+  TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && (q.scalar_type() == at::kChar || is_fp8(q)), op,
+              ": codes must be a contiguous (out, in) int8 or float8_e4m3fn matrix");
+  TORCH_CHECK(scale.dim() == 2 && scale.is_contiguous() && scale.scalar_type() == at::kFloat &&
+              scale.size(0) == q.size(0) && scale.size(1) >= 1 && q.size(1) % scale.size(1) == 0 &&
+              (q.size(1) / scale.size(1)) % 8 == 0, op,
+              ": scales must be contiguous fp32 (out, groups), groups of a multiple of 8 values");
+}
+
+template <typename T, typename Code>
+void gemv_impl(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+               const std::optional<at::Tensor>& bias) {
+  const int64_t M = x.size(0), in = x.size(1), out = q.size(0), group = in / scale.size(1);
+  constexpr bool f32 = std::is_same_v<T, float>;
+  std::vector<float> xf(f32 ? 0 : M * in), yf(f32 ? 0 : M * out);
+  const T* xp = static_cast<const T*>(x.const_data_ptr());
+  if constexpr (!f32) nanoserve::to_float(xp, xf.data(), M * in);
+  const float* xv = f32 ? reinterpret_cast<const float*>(xp) : xf.data();
+  float* yp = f32 ? static_cast<float*>(y.data_ptr()) : yf.data();
+  const uint8_t* qp = static_cast<const uint8_t*>(q.const_data_ptr());
+  const float* sp = scale.const_data_ptr<float>();
+  // 64 rows a task at least: fewer cost more to hand to a thread than to compute
+  at::parallel_for(0, out, 64, [&](int64_t r0, int64_t r1) {
+    (M == 1 ? rows<Code, 1> : rows<Code, 2>)(qp, sp, xv, yp, r0, r1, in, out, group);
+  });
+  T* yo = static_cast<T*>(y.data_ptr());
+  const T* b = bias ? static_cast<const T*>(bias->const_data_ptr()) : nullptr;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t r = 0; r < out; ++r) {
+      const float v = yp[m * out + r];  // the sum, then the bias in fp32, rounded once
+      yo[m * out + r] = static_cast<T>(b ? v + static_cast<float>(b[r]) : v);
+    }
+}
+
+void quant_gemv(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                const std::optional<at::Tensor>& bias) {
+  check_codes(q, scale, "quant_gemv");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.size(0) == 1 || x.size(0) == 2) &&
+              x.is_contiguous() && x.size(1) == q.size(1) &&
+              (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "quant_gemv: x must be (1 or 2, in) contiguous fp32 or bf16, got ", x.sizes());
+  TORCH_CHECK(y.is_contiguous() && y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == q.size(0) &&
+              y.scalar_type() == x.scalar_type(), "quant_gemv: y must be a contiguous (M, out) tensor in x's dtype");
+  TORCH_CHECK(!bias || (bias->is_contiguous() && bias->dim() == 1 && bias->size(0) == q.size(0) &&
+                        bias->scalar_type() == x.scalar_type()), "quant_gemv: bias must be (out,) in x's dtype");
+  const bool fp8 = is_fp8(q);
+  if (x.scalar_type() == at::kFloat)
+    return fp8 ? gemv_impl<float, Fp8Code>(y, x, q, scale, bias) : gemv_impl<float, Int8Code>(y, x, q, scale, bias);
+  return fp8 ? gemv_impl<c10::BFloat16, Fp8Code>(y, x, q, scale, bias)
+             : gemv_impl<c10::BFloat16, Int8Code>(y, x, q, scale, bias);
+}
+
+// out = dequantized codes, (out, in) in out's dtype (fp32 or bf16, rounded to nearest even)
+template <typename T, typename Code>
+void dequantize_impl(const at::Tensor& dst, const at::Tensor& q, const at::Tensor& scale) {
+  const int64_t in = q.size(1), groups = scale.size(1), group = in / groups;
+  const uint8_t* qp = static_cast<const uint8_t*>(q.const_data_ptr());
+  const float* sp = scale.const_data_ptr<float>();
+  T* op = static_cast<T*>(dst.data_ptr());
+  at::parallel_for(0, q.size(0), 16, [&](int64_t r0, int64_t r1) {
+    float buf[8];
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < in; i += 8) {
+        const vf8 v = Code::load(qp + r * in + i) * (sp[r * groups + i / group] * Code::kScale);
+        if constexpr (std::is_same_v<T, float>) {
+          std::memcpy(op + r * in + i, &v, sizeof v);
+        } else {
+          std::memcpy(buf, &v, sizeof v);
+          for (int k = 0; k < 8; ++k) op[r * in + i + k] = static_cast<T>(buf[k]);
+        }
+      }
+  });
+}
+
+void quant_dequantize(const at::Tensor& dst, const at::Tensor& q, const at::Tensor& scale) {
+  check_codes(q, scale, "quant_dequantize");
+  TORCH_CHECK(dst.is_contiguous() && dst.sizes() == q.sizes() &&
+              (dst.scalar_type() == at::kFloat || dst.scalar_type() == at::kBFloat16),
+              "quant_dequantize: out must be a contiguous fp32 or bf16 tensor of the codes' shape");
+  const bool fp8 = is_fp8(q);
+  if (dst.scalar_type() == at::kFloat)
+    return fp8 ? dequantize_impl<float, Fp8Code>(dst, q, scale) : dequantize_impl<float, Int8Code>(dst, q, scale);
+  return fp8 ? dequantize_impl<c10::BFloat16, Fp8Code>(dst, q, scale)
+             : dequantize_impl<c10::BFloat16, Int8Code>(dst, q, scale);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(nanoserve_cpu, m) {
+  m.def("quant_gemv(Tensor(a!) y, Tensor x, Tensor qweight, Tensor weight_scale, Tensor? bias) -> ()",
+        &quant_gemv);
+  m.def("quant_dequantize(Tensor(a!) out, Tensor qweight, Tensor weight_scale) -> ()", &quant_dequantize);
+}
