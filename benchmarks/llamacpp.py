@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import zipfile
@@ -52,7 +53,10 @@ from nanoserve.serve.launch import ServerProcess  # noqa: E402
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MODEL = "smollm2-135m"
 NAME = "smollm2-135m"  # the served model name on every server
-SERVE = {"full": dict(requests=48, input=128, output=64), "quick": dict(requests=8, input=32, output=8)}
+# medium: what fits a busy shared machine in minutes (one repetition, short runs)
+B1 = {**SIZES, "medium": dict(SIZES["quick"], b1=(32, 32), prefill=(128, 512), reps=1)}
+SERVE = {"full": dict(requests=48, input=128, output=64), "medium": dict(requests=16, input=64, output=16),
+         "quick": dict(requests=8, input=32, output=8)}
 
 
 # --- The GGUF files ---
@@ -182,12 +186,18 @@ class LlamaServer(ServerProcess):
                 "-c", str(self.slots * self.slot_ctx)]
 
 
-def serve_summary(j: dict) -> dict:
+def serve_summary(j: dict, out_len: int, tok) -> dict:
+    """One server's figures. Output tok/s counts the `out_len` tokens every request must return
+    (EOS ignored): servers that send no usage chunk have their closing empty chunk counted as a
+    token by the client; the counted and the re-tokenized lengths are kept as checks."""
     done = max(j["completed"], 1)
+    texts = [t for t, e in zip(j["generated_texts"], j["errors"]) if not e]
     return {"completed": j["completed"], "failed": j["failed"], "duration_s": j["duration"],
-            "output_tok_s": j["output_throughput"], "total_tok_s": j["total_token_throughput"],
+            "output_tok_s": j["completed"] * out_len / j["duration"],
+            "client_output_tok_s": j["output_throughput"],
             "ttft_p50_ms": j["median_ttft_ms"], "itl_p50_ms": j["median_itl_ms"],
             "tpot_p50_ms": j["median_tpot_ms"], "output_tokens_per_request": j["total_output_tokens"] / done,
+            "retokenized_output_p50": statistics.median(len(tok.encode(t)) for t in texts) if texts else None,
             "prompt_tokens_per_request": j["total_input_tokens"] / done,
             "errors": sorted({e for e in j["errors"] if e})[:3]}
 
@@ -221,7 +231,7 @@ def part_serve(args, sizes, folder, ggufs, report) -> None:
                     target = Target(srv.base_url, NAME, ignore_eos=True, timeout=args.request_timeout,
                                     extra_body={"min_tokens": reqs[0].max_tokens})
                     j = run_sync(run(target, reqs, conc, progress=False)).to_json()
-            report["serve"][label] = serve_summary(j)
+            report["serve"][label] = serve_summary(j, o, tok)
             print(f"{label}: {report['serve'][label]}", flush=True)
         except Exception as e:  # one server failing must not lose the others' numbers
             report["errors"][label] = f"{type(e).__name__}: {e}"[-3000:]
@@ -273,11 +283,13 @@ def markdown(report: dict) -> str:
         lines += [f"## {report['concurrency']} concurrent streams over HTTP ({s['requests']} requests of "
                   f"{s['input']} prompt tokens -> {s['output']}, greedy, EOS ignored)", "",
                   "| server | output tok/s | TTFT p50 ms | ITL p50 ms | TPOT p50 ms | done/failed | "
-                  "output tokens/request | prompt tokens/request |", "|---" + "|---:" * 7 + "|"]
+                  "output tokens/request: counted, re-tokenized | prompt tokens/request |",
+                  "|---" + "|---:" * 7 + "|"]
         for label, r in report["serve"].items():
             lines.append(f"| {label} | {_f(r['output_tok_s'])} | {_f(r['ttft_p50_ms'])} | "
                          f"{_f(r['itl_p50_ms'])} | {_f(r['tpot_p50_ms'])} | {r['completed']}/{r['failed']} | "
-                         f"{_f(r['output_tokens_per_request'])} | {_f(r['prompt_tokens_per_request'])} |")
+                         f"{_f(r['output_tokens_per_request'])}, {_f(r['retokenized_output_p50'])} | "
+                         f"{_f(r['prompt_tokens_per_request'])} |")
         ours = next((k for k in report["serve"] if k.startswith("nanoserve")), None)
         lines += [""] + ratio_lines(report["serve"], "output_tok_s",
                                     [(ours, k) for k in report["serve"] if k != ours]) + [""]
@@ -291,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llamacpp-python", required=True, help="python of a venv with llama-cpp-python[server]")
     ap.add_argument("--llama-server", default=None, help="llama.cpp's llama-server binary (optional)")
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a result")
+    ap.add_argument("--sizes", choices=["full", "medium", "quick"], default=None,
+                    help="default full (--quick: quick); medium: one short repetition of each")
     ap.add_argument("--parts", default="b1,serve")
     ap.add_argument("--gguf-types", default="Q4_1,Q8_0,F16,BF16")
     ap.add_argument("--dtypes", default="float32,bfloat16")
@@ -309,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     if why := importable(args.llamacpp_python, "llama_cpp", "--llamacpp-python"):
         ap.error(why)
     torch.set_num_threads(args.threads)
-    sz_name = "quick" if args.quick else "full"
-    sz = SIZES[sz_name]
+    sz_name = args.sizes or ("quick" if args.quick else "full")
+    sz = B1[sz_name]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     report = {"date": datetime.now().isoformat(timespec="seconds"), "model": MODEL, "sizes_name": sz_name,
@@ -331,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     if "serve" in parts:
         part_serve(args, SERVE[sz_name], folder, ggufs, report)
     report["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    write_report(report, markdown(report), args.out_dir, "llamacpp", args.quick,
-                 report["date"].replace(":", "")[:15])
+    stamp = report["date"].replace(":", "")[:15] + ("" if sz_name == "full" else f"-{sz_name}")
+    write_report(report, markdown(report), args.out_dir, "llamacpp", False, stamp)
     return 1 if report["errors"] else 0
 
 

@@ -76,7 +76,7 @@ def test_int8_is_skipped_with_the_reason_when_the_llm_refuses_the_argument(bench
 
 def fake_report() -> dict:
     serve = dict(completed=48, failed=0, duration_s=10.0, total_tok_s=900.0, ttft_p50_ms=50.0,
-                 itl_p50_ms=20.0, tpot_p50_ms=21.0, output_tokens_per_request=64.0,
+                 itl_p50_ms=20.0, tpot_p50_ms=21.0, output_tokens_per_request=65.0, retokenized_output_p50=63,
                  prompt_tokens_per_request=128.0, errors=[])
     return {"date": "2026-12-02T01:00:00", "sizes_name": "full", "threads": 2, "concurrency": 16,
             "sizes": {"b1": (32, 128), "prefill": (128, 2048)}, "bandwidth_GB_s": 20.0,
@@ -106,7 +106,7 @@ def test_the_report_has_both_tables_and_the_ratios_the_right_way_up(bench):
     assert "- nanoserve bfloat16 / llama.cpp F16: 0.50x" in prefill.split("GGUF files")[0]
     assert "nanoserve int8 / llama.cpp Q8_0" not in md  # no Q8_0 row, no ratio
     assert "- nanoserve serve (bfloat16) / llama_cpp.server (F16, one request at a time): 3.00x" in md
-    assert "| 48/0 | 64 | 128 |" in md and "211 F16, 61 F32" in md
+    assert "| 48/0 | 65, 63 | 128 |" in md and "211 F16, 61 F32" in md
     assert "- llama-server (F16, --parallel 16): RuntimeError: exited" in md
 
 
@@ -126,3 +126,21 @@ def test_the_driver_copies_a_gguf_and_times_batch_1_jobs(bench, hf_models, tmp_p
             for t, n in (("b1_n", 16), ("b1_1", 1))]
     times = bench.LlamaCpp(copies["Q8_0"], LLAMACPP_PYTHON, 2, 64).run(jobs)
     assert len(times) == 2 and all(t > 0 for t in times)
+
+
+def test_serve_throughput_counts_the_tokens_asked_for_not_the_chunks(bench):
+    """A server without a usage chunk has its closing empty chunk counted as a token by the client
+    (65 for 64); the figure is the 64 every request had to return, over the run's duration."""
+    j = {"completed": 3, "failed": 1, "duration": 2.0, "output_throughput": 97.5,
+         "total_output_tokens": 195, "total_input_tokens": 384, "median_ttft_ms": 10.0,
+         "median_itl_ms": 5.0, "median_tpot_ms": 5.5,
+         "generated_texts": ["a b", "a b c", "a b c d", ""], "errors": [None, None, None, "HTTP 500: x"]}
+
+    class Words:
+        def encode(self, text):
+            return text.split()
+
+    s = bench.serve_summary(j, 64, Words())
+    assert s["output_tok_s"] == 3 * 64 / 2.0 and s["client_output_tok_s"] == 97.5
+    assert s["output_tokens_per_request"] == 65 and s["retokenized_output_p50"] == 3
+    assert s["errors"] == ["HTTP 500: x"]
