@@ -214,13 +214,16 @@ def part_serve(args, sizes, folder, ggufs, report) -> None:
         return reqs
 
     warm, load = texts(conc, 4, args.seed + 100), texts(n, o, args.seed + 101)
-    gguf = ggufs[args.serve_gguf]
-    servers = {f"nanoserve serve ({args.serve_dtype})": ServerProcess(
-        folder, "--served-model-name", NAME, "--dtype", args.serve_dtype, "--uvicorn-log-level",
-        "warning", env={"OMP_NUM_THREADS": str(args.threads)}),
-        f"llama_cpp.server ({args.serve_gguf}, one request at a time)":
-            LlamaCppPythonServer(args.llamacpp_python, gguf, args.threads)}
-    if args.llama_server:
+    gguf, which = ggufs[args.serve_gguf], args.servers.split(",")
+    servers = {}
+    if "nanoserve" in which:
+        servers[f"nanoserve serve ({args.serve_dtype})"] = ServerProcess(
+            folder, "--served-model-name", NAME, "--dtype", args.serve_dtype, "--uvicorn-log-level",
+            "warning", env={"OMP_NUM_THREADS": str(args.threads)})
+    if "llama_cpp.server" in which:
+        servers[f"llama_cpp.server ({args.serve_gguf}, one request at a time)"] = LlamaCppPythonServer(
+            args.llamacpp_python, gguf, args.threads)
+    if args.llama_server and "llama-server" in which:
         servers[f"llama-server ({args.serve_gguf}, --parallel {conc})"] = LlamaServer(
             args.llama_server, gguf, args.threads, conc, 2 * (i + o) + 64)
     for label, srv in servers.items():
@@ -311,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-int8", action="store_true", help="do not try LLM(quantization='int8')")
     ap.add_argument("--serve-gguf", default="F16", help="the GGUF type llama.cpp's servers load")
     ap.add_argument("--serve-dtype", default="bfloat16")
+    ap.add_argument("--servers", default="nanoserve,llama_cpp.server,llama-server",
+                    help="which servers the serve part runs (llama-server needs --llama-server)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--request-timeout", type=float, default=300.0)
