@@ -136,7 +136,7 @@ def part_b1(args, sz, folder, cfg, ggufs, ceilings, report) -> None:
         raw = by_tag(jobs, system.run(jobs))
         floor = report["gguf"][kind]["tensor_bytes"] / ceilings.bandwidth
         rows[f"llama.cpp {kind}"] = dict(compute_figures(raw, sz, floor), floor_ms=1e3 * floor)
-        report["versions"]["llama_cpp"], report["llama_cpp_system_info"] = system.version, system.system_info
+        report["llama_cpp_system_info"] = system.system_info
         print(f"llama.cpp {kind}: {rows[f'llama.cpp {kind}']}", flush=True)
     configs = [(d, None) for d in args.dtypes.split(",")] + ([] if args.no_int8 else [("bfloat16", "int8")])
     for dtype, quant in configs:
@@ -295,7 +295,10 @@ def markdown(report: dict) -> str:
                          f"{_f(r['prompt_tokens_per_request'])} |")
         ours = next((k for k in report["serve"] if k.startswith("nanoserve")), None)
         lines += [""] + ratio_lines(report["serve"], "output_tok_s",
-                                    [(ours, k) for k in report["serve"] if k != ours]) + [""]
+                                    [(ours, k) for k in report["serve"] if k != ours])
+        lines += [f"- **{k}: {r['failed']} of {r['failed'] + r['completed']} requests failed** "
+                  f"({'; '.join(r['errors'])}): its figures cover the completed ones only"
+                  for k, r in report["serve"].items() if r["failed"]] + [""]
     for label, why in {**report["skipped"], **report["errors"]}.items():
         lines.append(f"- {label}: {why}")
     return "\n".join(lines) + "\n"
@@ -339,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
               "versions": {"torch": torch.__version__, "nanoserve": commit,
                            "python": platform.python_version()},
               "load": {}, "gguf": {}, "b1": {}, "serve": {}, "skipped": {}, "errors": {}}
+    report["versions"]["llama_cpp"] = subprocess.run(
+        [args.llamacpp_python, "-c", "import llama_cpp; print(llama_cpp.__version__)"],
+        capture_output=True, text=True).stdout.strip()
     folder = fetch.resolve(MODEL)
     cfg = ModelConfig.from_json(os.path.join(folder, "config.json"))
     ggufs = make_copies(source_gguf(), kinds, args.llamacpp_python)

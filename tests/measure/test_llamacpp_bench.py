@@ -108,6 +108,12 @@ def test_the_report_has_both_tables_and_the_ratios_the_right_way_up(bench):
     assert "- nanoserve serve (bfloat16) / llama_cpp.server (F16, one request at a time): 3.00x" in md
     assert "| 48/0 | 65, 63 | 128 |" in md and "211 F16, 61 F32" in md
     assert "- llama-server (F16, --parallel 16): RuntimeError: exited" in md
+    assert "requests failed" not in md
+    report = fake_report()
+    report["serve"]["llama_cpp.server (F16, one request at a time)"].update(
+        completed=3, failed=13, errors=["TimeoutError: "])
+    assert ("- **llama_cpp.server (F16, one request at a time): 13 of 16 requests failed** "
+            "(TimeoutError: )") in bench.markdown(report)
 
 
 @pytest.mark.skipif(not LLAMACPP_PYTHON, reason="no llama.cpp venv (set NANOSERVE_LLAMACPP_PYTHON)")
