@@ -214,18 +214,18 @@ def part_serve(args, sizes, folder, ggufs, report) -> None:
         return reqs
 
     warm, load = texts(conc, 4, args.seed + 100), texts(n, o, args.seed + 101)
-    gguf, which = ggufs[args.serve_gguf], args.servers.split(",")
-    servers = {}
-    if "nanoserve" in which:
-        servers[f"nanoserve serve ({args.serve_dtype})"] = ServerProcess(
-            folder, "--served-model-name", NAME, "--dtype", args.serve_dtype, "--uvicorn-log-level",
-            "warning", env={"OMP_NUM_THREADS": str(args.threads)})
-    if "llama_cpp.server" in which:
-        servers[f"llama_cpp.server ({args.serve_gguf}, one request at a time)"] = LlamaCppPythonServer(
-            args.llamacpp_python, gguf, args.threads)
-    if args.llama_server and "llama-server" in which:
-        servers[f"llama-server ({args.serve_gguf}, --parallel {conc})"] = LlamaServer(
-            args.llama_server, gguf, args.threads, conc, 2 * (i + o) + 64)
+    gguf, servers = ggufs[args.serve_gguf], {}
+    for which in args.servers.split(","):  # started in this order, one at a time
+        if which == "nanoserve":
+            servers[f"nanoserve serve ({args.serve_dtype})"] = ServerProcess(
+                folder, "--served-model-name", NAME, "--dtype", args.serve_dtype,
+                "--uvicorn-log-level", "warning", env={"OMP_NUM_THREADS": str(args.threads)})
+        elif which == "llama_cpp.server":
+            servers[f"llama_cpp.server ({args.serve_gguf}, one request at a time)"] = \
+                LlamaCppPythonServer(args.llamacpp_python, gguf, args.threads)
+        elif which == "llama-server" and args.llama_server:
+            servers[f"llama-server ({args.serve_gguf}, --parallel {conc})"] = LlamaServer(
+                args.llama_server, gguf, args.threads, conc, 2 * (i + o) + 64)
     for label, srv in servers.items():
         report["load"][label] = other_cpu_load()
         try:
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-gguf", default="F16", help="the GGUF type llama.cpp's servers load")
     ap.add_argument("--serve-dtype", default="bfloat16")
     ap.add_argument("--servers", default="nanoserve,llama_cpp.server,llama-server",
-                    help="which servers the serve part runs (llama-server needs --llama-server)")
+                    help="the servers the serve part runs, in this order (llama-server needs --llama-server)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--request-timeout", type=float, default=300.0)
@@ -326,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default=RESULTS_DIR)
     args = ap.parse_args(argv)
     parts, kinds = set(args.parts.split(",")), args.gguf_types.split(",")
+    servers = {"nanoserve", "llama_cpp.server", "llama-server"}
+    if unknown := set(args.servers.split(",")) - servers:
+        ap.error(f"--servers: unknown {sorted(unknown)}; choose from {sorted(servers)}")
     if args.serve_gguf not in kinds:
         kinds.append(args.serve_gguf)
     if why := importable(args.llamacpp_python, "llama_cpp", "--llamacpp-python"):
