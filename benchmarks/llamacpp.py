@@ -359,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     if "serve" in parts:
         part_serve(args, SERVE[sz_name], folder, ggufs, report)
     report["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    stamp = report["date"].replace(":", "")[:15] + ("" if sz_name == "full" else f"-{sz_name}")
+    stamp = (report["date"].replace(":", "")[:15] + ("" if sz_name == "full" else f"-{sz_name}")
+             + "".join(f"-{p}" for p in ("b1", "serve") if p in parts))  # runs of one minute never clash
     write_report(report, markdown(report), args.out_dir, "llamacpp", False, stamp)
     return 1 if report["errors"] else 0
 
