@@ -12,6 +12,8 @@ Every output length is fixed (greedy, EOS ignored), so all systems do the same w
 - HFGenerate: transformers' `generate`, static batching with left padding (SDPA).
 - HFContinuous: transformers' `generate_batch` (continuous batching, paged cache).
 - VLLM: vLLM's CPU build in its own venv, one subprocess per variant (vllm_driver.py).
+- LlamaCpp: llama.cpp through llama-cpp-python in its own venv, on a GGUF file, batch-1 jobs only
+  (llamacpp_driver.py; llamacpp.py compares it).
 """
 
 from __future__ import annotations
@@ -53,8 +55,12 @@ class NanoServe:
     name = "nanoserve"
     variants = {v: v for v in ("main", "no_prefix_cache", "chunk512", "whole_prompt")}  # job's: ours
 
-    def __init__(self, folder: str, dtype: str, variant: str, kv_gib: float):
-        self.llm = LLM(folder, device="cpu", dtype=dtype, config=nanoserve_config(variant, kv_gib))
+    def __init__(self, folder: str, dtype: str, variant: str, kv_gib: float,
+                 quantization: str | None = None):
+        # quantization only when asked: an LLM without that argument then raises TypeError
+        extra = {"quantization": quantization} if quantization else {}
+        self.llm = LLM(folder, device="cpu", dtype=dtype, config=nanoserve_config(variant, kv_gib),
+                       **extra)
         self.llm.generate([[11, 12, 13, 14]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
 
     def run(self, jobs: list[dict]) -> list:
@@ -151,31 +157,66 @@ class VLLM:
         self.version: str | None = None
 
     def run(self, jobs: list[dict]) -> list:
-        driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_driver.py")
-        with tempfile.TemporaryDirectory() as tmp:
-            spec, result = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
-            with open(spec, "w") as f:
-                json.dump(dict(self.spec, jobs=jobs), f)
-            env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(max(1, round(self.kv_gib))),
-                       VLLM_CPU_OMP_THREADS_BIND="auto")
-            proc = subprocess.run([self.python, driver, spec, result], env=env, text=True,
-                                  capture_output=True, timeout=self.timeout)
-            if proc.returncode != 0:
-                sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-                raise RuntimeError(f"vLLM driver failed (exit {proc.returncode}); output above")
-            with open(result) as f:
-                out = json.load(f)
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(max(1, round(self.kv_gib))),
+                   VLLM_CPU_OMP_THREADS_BIND="auto")
+        out = run_driver(self.python, "vllm_driver.py", "", dict(self.spec, jobs=jobs), env,
+                         self.timeout)
         self.version = out["vllm_version"]
         return out["results"]
 
 
-def vllm_available(python: str | None) -> str | None:
-    """None when `python` can import vllm, else why not."""
+class LlamaCpp:
+    """llama.cpp on one GGUF file through llama-cpp-python, run by `python` (its venv's
+    interpreter) on llamacpp_driver.py; batch-1 offline jobs only (decode and prefill)."""
+
+    name = "llama.cpp"
+    variants = {"main": "main"}
+
+    def __init__(self, gguf: str, python: str, threads: int, n_ctx: int, timeout: float = 3600):
+        # llama-bench's batch defaults: 2048 tokens a call, computed in 512-token micro-batches
+        self.spec = {"model": gguf, "threads": threads, "n_ctx": n_ctx, "n_batch": 2048,
+                     "n_ubatch": 512}
+        self.python, self.timeout = python, timeout
+        self.version: str | None = None
+        self.system_info: str | None = None
+
+    def run(self, jobs: list[dict]) -> list:
+        out = run_driver(self.python, "llamacpp_driver.py", "bench", dict(self.spec, jobs=jobs),
+                         dict(os.environ), self.timeout)
+        self.version, self.system_info = out["version"], out["system_info"]
+        return out["results"]
+
+
+def run_driver(python: str, driver: str, command: str, spec: dict, env: dict,
+               timeout: float) -> dict:
+    """Run `python driver [command] SPEC.json RESULT.json` (a driver beside this file, in another
+    venv) and -> its RESULT; its output is printed if it fails."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), driver)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, result = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        proc = subprocess.run([python, path, *([command] if command else []), spec_path, result],
+                              env=env, text=True, capture_output=True, timeout=timeout)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+            raise RuntimeError(f"{driver} failed (exit {proc.returncode}); output above")
+        with open(result) as f:
+            return json.load(f)
+
+
+def importable(python: str | None, module: str, flag: str) -> str | None:
+    """None when `python` (given by the option `flag`) can import `module`, else why not."""
     if not python:
-        return "no --vllm-python given"
+        return f"no {flag} given"
     try:
-        proc = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True,
+        proc = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True,
                               timeout=300)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"{python}: {e}"
-    return None if proc.returncode == 0 else f"{python} cannot import vllm: {proc.stderr[-300:]}"
+    return None if proc.returncode == 0 else f"{python} cannot import {module}: {proc.stderr[-300:]}"
+
+
+def vllm_available(python: str | None) -> str | None:
+    """None when `python` can import vllm, else why not."""
+    return importable(python, "vllm", "--vllm-python")

@@ -93,6 +93,8 @@ class ServerProcess:
     for /health. The server's output goes to a temporary log file (`log()` reads it).
     """
 
+    health_path = "/health"  # a subclass running another server names that server's readiness route
+
     def __init__(self, model: str | None = None, *args: str, host: str = "127.0.0.1",
                  port: int | None = None, env: dict | None = None, startup_timeout: float = 180.0,
                  entry: tuple[str, ...] = ("nanoserve", "serve")):
@@ -139,7 +141,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with code {self.proc.returncode}:\n{self.log()}")
             try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
+                with urllib.request.urlopen(self.base_url + self.health_path, timeout=2) as r:
                     if r.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
