@@ -50,9 +50,9 @@ def machine() -> str:
     return f"{name}, {os.cpu_count()} CPUs, flags {' '.join(has)}"
 
 
-def gemv_pass(mods, shapes, dtype, reps: int = 20) -> float:
-    """Median seconds of one batch-1 pass over every layer (the weights stream from DRAM)."""
-    xs = {i: torch.randn(1, i).to(dtype) for _, i in shapes}
+def gemv_pass(mods, shapes, dtype, reps: int = 20, rows: int = 1) -> float:
+    """Median seconds of one pass of `rows` rows over every layer (the weights stream from DRAM)."""
+    xs = {i: torch.randn(rows, i).to(dtype) for _, i in shapes}
 
     def one():
         for m, (_, i) in zip(mods, shapes):
@@ -101,16 +101,16 @@ def gemv_table(rounds: int) -> float:
 
 def batch_table(batches: list[int], rounds: int) -> None:
     """More rows than the GEMV takes: bf16 on the engine's oneDNN linear against the 8-bit layers'
-    dequantize-into-a-buffer + F.linear, and torch's own int8 weight-only matmul
-    (torch._weight_int8pack_mm, per-channel scales in the activations' dtype)."""
+    engine path (int8: torch._weight_int8pack_mm up to INT8PACK_ROWS rows, then dequantize into a
+    buffer + F.linear; fp8: the latter), and torch's int8 weight-only matmul at every size."""
     cfg = preset_config("llama-120m")
     shapes = layer_shapes(cfg) * cfg.num_hidden_layers
     dense = [torch.randn(o, i) * 0.02 for o, i in shapes]
     buffer = cpu_quant_gemm.DequantBuffer(max(w.numel() for w in dense))
     codes = {m: [quantize_weight(w, m) for w in dense] for m in ("int8", "fp8")}
     variants = {"bf16 oneDNN": [cpu_gemm.PackedLinear(w.bfloat16(), None) for w in dense],
-                **{f"{m} dequantize + F.linear": [cpu_quant_gemm.QuantizedCpuLinear(q, sc, None, buffer)
-                                                   for q, sc in codes[m]] for m in codes},
+                **{f"{m} engine": [cpu_quant_gemm.QuantizedCpuLinear(q, sc, None, buffer)
+                                   for q, sc in codes[m]] for m in codes},
                 "int8 _weight_int8pack_mm": [
                     (lambda x, q=q, sc=sc[:, 0].bfloat16(): torch._weight_int8pack_mm(x, q, sc))
                     for q, sc in codes["int8"]]}
@@ -120,7 +120,7 @@ def batch_table(batches: list[int], rounds: int) -> None:
         seconds = {name: [] for name in variants}
         for _ in range(rounds):
             for name, mods in variants.items():
-                seconds[name].append(gemv_pass(mods, shapes, torch.bfloat16, reps=max(3, 200 // rows)))
+                seconds[name].append(gemv_pass(mods, shapes, torch.bfloat16, max(3, 200 // rows), rows))
         print(f"| {rows} | " + " | ".join(f"{statistics.median(t) * 1e3:.1f}" for t in seconds.values())
               + " |", flush=True)
 

@@ -76,7 +76,7 @@ def test_dequantize_is_the_reference_exactly(method, dtype):
 
 def test_one_buffer_serves_layers_of_any_size_in_turn():
     buffer = cpu_quant_gemm.DequantBuffer(64 * 96)
-    layers = [cpu_quant_gemm.QuantizedCpuLinear(*make(o, i, "int8", None, torch.float32, False, o)[:2],
+    layers = [cpu_quant_gemm.QuantizedCpuLinear(*make(o, i, "fp8", None, torch.float32, False, o)[:2],
                                                 None, buffer) for o, i in ((64, 96), (40, 32))]
     x = [torch.randn(5, 96), torch.randn(5, 32)]
     first = layers[0](x[0]).clone()
