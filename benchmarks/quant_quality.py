@@ -4,8 +4,9 @@
 
 - SmolLM2-135M (`smollm2-135m`): teacher-forced over `windows` spans of `window` tokens of real
   text (the demo model's held-out plays), int8 and fp8 weight-only codes (bf16 activations) and
-  fp32 against bf16: argmax agreement (the token greedy decoding would pick next), the logits'
-  RMS error relative to their RMS, the largest error, and the mean KL divergence from bf16.
+  fp32 against bf16, and the codes under fp32 activations against fp32 (their own error, without
+  bf16's): argmax agreement (the token greedy decoding would pick next), the logits' RMS error
+  relative to their RMS, the largest error, and the mean KL divergence from the baseline.
 - The demo model: perplexity on nanoserve/assets/demo-model/heldout.txt (512-token windows) for
   fp32, bf16, int8 and fp8, and each one's change against its unquantized dtype.
 - Three greedy generations of SmolLM2 (chat prompts), bf16 / int8 / fp8 side by side.
@@ -26,7 +27,11 @@ from nanoserve.engine.scheduler import ScheduledSeq
 from nanoserve.model import DEMO_MODEL_DIR
 
 VARIANTS = {"bf16": ("bfloat16", None), "int8": ("bfloat16", "int8"), "fp8": ("bfloat16", "fp8"),
-            "fp32": ("float32", None)}
+            "fp32": ("float32", None), "int8 (fp32 act.)": ("float32", "int8"),
+            "fp8 (fp32 act.)": ("float32", "fp8")}
+# (variant, its baseline): against bf16, the goals' measure; against fp32, the codes' own error alone
+PAIRS = [("int8", "bf16"), ("fp8", "bf16"), ("fp32", "bf16"), ("int8 (fp32 act.)", "fp32"),
+         ("fp8 (fp32 act.)", "fp32")]
 CHATS = ["What is the capital of France?", "Name three colours of the rainbow.",
          "Explain in one sentence why the sky is blue."]
 
@@ -55,26 +60,26 @@ def load(model: str, name: str, window: int) -> LLM:
     return LLM(model, device="cpu", dtype=dtype, quantization=q, config=config)
 
 
-def logit_table(windows: int, window: int) -> None:
+def logit_table(windows: int, window: int, with_generations: bool) -> None:
     llms = {name: load("smollm2-135m", name, window) for name in VARIANTS}
     tokens = heldout(llms["bf16"].tokenizer)
     step = (len(tokens) - window) // windows
     spans = [tokens[i * step:i * step + window] for i in range(windows)]
-    base = [sequence_logits(llms["bf16"], s) for s in spans]
-    print(f"\nsmollm2-135m, {windows} x {window} positions of heldout.txt, each against bf16")
-    print("| weights | activations | argmax agreement | RMS error / RMS logit | max abs error | "
+    logits = {name: torch.cat([sequence_logits(llm, s) for s in spans]) for name, llm in llms.items()}
+    print(f"\nsmollm2-135m, {windows} x {window} positions of heldout.txt")
+    print("| weights (activations) | against | argmax agreement | RMS error / RMS logit | max abs error | "
           "mean KL (nats) |\n|---|---|---|---|---|---|")
-    for name in ("int8", "fp8", "fp32"):
-        got = [sequence_logits(llms[name], s) for s in spans]
-        b, g = torch.cat(base), torch.cat(got)
+    for name, baseline in PAIRS:
+        b, g = logits[baseline], logits[name]
         agree = (b.argmax(-1) == g.argmax(-1)).float().mean().item()
         rms = ((g - b).square().mean().sqrt() / b.square().mean().sqrt()).item()
         kl = torch.nn.functional.kl_div(g.log_softmax(-1), b.log_softmax(-1), log_target=True,
                                         reduction="batchmean").item()
-        act = "fp32" if name == "fp32" else "bf16"
-        print(f"| {name} | {act} | {agree:.1%} ({int(round(agree * len(b)))}/{len(b)}) | {rms:.4f} | "
+        label = name if "act." in name else f"{name} ({'fp32' if name == 'fp32' else 'bf16'} act.)"
+        print(f"| {label} | {baseline} | {agree:.1%} ({int(round(agree * len(b)))}/{len(b)}) | {rms:.4f} | "
               f"{(g - b).abs().max().item():.3f} | {kl:.5f} |", flush=True)
-    generations(llms)
+    if with_generations:
+        generations(llms)
 
 
 def generations(llms) -> None:
@@ -116,10 +121,15 @@ def main(argv=None) -> None:
     ap.add_argument("--windows", type=int, default=3)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--ppl-tokens", type=int, default=4096)
+    ap.add_argument("--sections", default="perplexity,logits,generations",
+                    help="which of perplexity, logits, generations to run")
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    perplexity_table(args.ppl_tokens)
-    logit_table(args.windows, args.window)
+    sections = args.sections.split(",")
+    if "perplexity" in sections:
+        perplexity_table(args.ppl_tokens)
+    if "logits" in sections:
+        logit_table(args.windows, args.window, "generations" in sections)
     print(f"\n({time.perf_counter() - start:.0f} s, torch {torch.__version__})")
 
 

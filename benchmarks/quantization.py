@@ -3,11 +3,11 @@
     python benchmarks/quantization.py [--models preset:llama-120m,smollm2-135m] [--tokens 96]
                                       [--rounds 3]
 
-In one run: the machine's weight-read bandwidth (nanoserve.measure's batch-1 fp32 GEMV ceiling);
-one pass over llama-120m's linears at batch 1 per kernel variant (the engine's fp32 and bf16 GEMV,
-the int8 and fp8 GEMV over codes; bf16 activations for the 8-bit ones) as GB/s of weight bytes
-read and their share of that bandwidth; then, per model, batch-1 decode of every variant (int8
-and fp8: weight-only codes, bf16 activations and KV cache) in interleaved rounds, each round's
+In one run: one pass over llama-120m's linears at batch 1 per kernel variant (the engine's fp32
+and bf16 GEMV, the int8 and fp8 GEMV over codes, bf16 activations for the 8-bit ones), as GB/s of
+weight bytes read and as a share of the weight-read bandwidth (nanoserve.measure's batch-1 fp32
+GEMV ceiling) measured in the same round; then, per model, batch-1 decode of every variant (int8
+and fp8: weight-only codes, bf16 activations and KV cache) in interleaved rounds: each round's
 median inter-token latency, the bytes one step reads (nanoserve.measure.step_cost, the 8-bit
 linears at 1 byte a weight plus their scales) and the floor those bytes take at the measured
 bandwidth. Prints tables and the ratios int8/bf16 and fp8/bf16 of tokens/s (median of rounds).
@@ -26,7 +26,7 @@ import torch
 from nanoserve import LLM, EngineConfig, SamplingParams
 from nanoserve.kernels import cpu_gemm, cpu_quant_gemm
 from nanoserve.kernels.quantization import quantize_weight
-from nanoserve.measure.ceilings import measure_ceilings
+from nanoserve.measure.ceilings import _weight_read_bandwidth
 from nanoserve.measure.roofline import decode_batch, step_cost
 from nanoserve.model import preset_config
 
@@ -50,9 +50,9 @@ def machine() -> str:
     return f"{name}, {os.cpu_count()} CPUs, flags {' '.join(has)}"
 
 
-def gemv_pass(mods, shapes, dtype, reps: int = 20) -> float:
-    """Median seconds of one batch-1 pass over every layer (the weights stream from DRAM)."""
-    xs = {i: torch.randn(1, i).to(dtype) for _, i in shapes}
+def gemv_pass(mods, shapes, dtype, reps: int = 20, rows: int = 1) -> float:
+    """Median seconds of one pass of `rows` rows over every layer (the weights stream from DRAM)."""
+    xs = {i: torch.randn(rows, i).to(dtype) for _, i in shapes}
 
     def one():
         for m, (_, i) in zip(mods, shapes):
@@ -67,7 +67,8 @@ def gemv_pass(mods, shapes, dtype, reps: int = 20) -> float:
     return statistics.median(times)
 
 
-def gemv_table(bandwidth: float) -> None:
+def gemv_table(rounds: int) -> float:
+    """The GEMV table; -> the weight-read bandwidth (median of rounds), measured between its passes."""
     cfg = preset_config("llama-120m")
     shapes = layer_shapes(cfg) * cfg.num_hidden_layers
     dense = [torch.randn(o, i) * 0.02 for o, i in shapes]
@@ -77,15 +78,51 @@ def gemv_table(bandwidth: float) -> None:
         buffer = cpu_quant_gemm.DequantBuffer(max(w.numel() for w in dense))
         mods = [cpu_quant_gemm.QuantizedCpuLinear(*quantize_weight(w, method), None, buffer) for w in dense]
         variants[f"{method} GEMV"] = (mods, torch.bfloat16)
+    nbytes = {name: sum(m.qweight.nbytes + m.weight_scale.nbytes if hasattr(m, "qweight")
+                        else m.dense_weight().nbytes for m in mods) for name, (mods, _) in variants.items()}
+    seconds, bandwidths = {name: [] for name in variants}, []
+    for _ in range(rounds):  # interleaved with the ceiling: a burst of load elsewhere hits all alike
+        bandwidths.append(_weight_read_bandwidth(torch.device("cpu"), 8192, 7))
+        for name, (mods, dtype) in variants.items():
+            seconds[name].append(gemv_pass(mods, shapes, dtype))
+    bandwidth = statistics.median(bandwidths)
     print(f"\nGEMV, one batch-1 pass over llama-120m's {len(shapes)} linears (bf16 activations for "
-          f"the 8-bit codes); weight reads measured at {bandwidth / 1e9:.1f} GB/s")
-    print("| kernel | MB read | ms | GB/s | share of weight-read bandwidth |\n|---|---|---|---|---|")
-    for name, (mods, dtype) in variants.items():
-        nbytes = sum(m.qweight.nbytes + m.weight_scale.nbytes if hasattr(m, "qweight")
-                     else m.dense_weight().nbytes for m in mods)
-        s = gemv_pass(mods, shapes, dtype)
-        print(f"| {name} | {nbytes / 1e6:.1f} | {s * 1e3:.2f} | {nbytes / s / 1e9:.1f} | "
-              f"{nbytes / s / bandwidth:.0%} |", flush=True)
+          f"the 8-bit codes), median of {rounds} rounds; weight reads (fp32 8192x8192 GEMV, measured "
+          f"in each round): {', '.join(f'{b / 1e9:.1f}' for b in bandwidths)} GB/s")
+    print("| kernel | MB read | ms | GB/s | share of weight-read bandwidth (per round) |\n"
+          "|---|---|---|---|---|")
+    for name in variants:
+        s = statistics.median(seconds[name])
+        shares = [nbytes[name] / t / b for t, b in zip(seconds[name], bandwidths)]
+        print(f"| {name} | {nbytes[name] / 1e6:.1f} | {s * 1e3:.2f} | {nbytes[name] / s / 1e9:.1f} | "
+              f"{statistics.median(shares):.0%} ({', '.join(f'{x:.0%}' for x in shares)}) |", flush=True)
+    return bandwidth
+
+
+def batch_table(batches: list[int], rounds: int) -> None:
+    """More rows than the GEMV takes: bf16 on the engine's oneDNN linear against the 8-bit layers'
+    engine path (int8: torch._weight_int8pack_mm up to INT8PACK_ROWS rows, then dequantize into a
+    buffer + F.linear; fp8: the latter), and torch's int8 weight-only matmul at every size."""
+    cfg = preset_config("llama-120m")
+    shapes = layer_shapes(cfg) * cfg.num_hidden_layers
+    dense = [torch.randn(o, i) * 0.02 for o, i in shapes]
+    buffer = cpu_quant_gemm.DequantBuffer(max(w.numel() for w in dense))
+    codes = {m: [quantize_weight(w, m) for w in dense] for m in ("int8", "fp8")}
+    variants = {"bf16 oneDNN": [cpu_gemm.PackedLinear(w.bfloat16(), None) for w in dense],
+                **{f"{m} engine": [cpu_quant_gemm.QuantizedCpuLinear(q, sc, None, buffer)
+                                   for q, sc in codes[m]] for m in codes},
+                "int8 _weight_int8pack_mm": [
+                    (lambda x, q=q, sc=sc[:, 0].bfloat16(): torch._weight_int8pack_mm(x, q, sc))
+                    for q, sc in codes["int8"]]}
+    print(f"\nOne pass over llama-120m's linears, bf16 activations, ms (median of {rounds} rounds)")
+    print("| rows | " + " | ".join(variants) + " |\n|---|" + "---|" * len(variants))
+    for rows in batches:
+        seconds = {name: [] for name in variants}
+        for _ in range(rounds):
+            for name, mods in variants.items():
+                seconds[name].append(gemv_pass(mods, shapes, torch.bfloat16, max(3, 200 // rows), rows))
+        print(f"| {rows} | " + " | ".join(f"{statistics.median(t) * 1e3:.1f}" for t in seconds.values())
+              + " |", flush=True)
 
 
 def step_bytes(llm, context: int) -> float:
@@ -144,16 +181,15 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default="preset:llama-120m,smollm2-135m")
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", default="3,16,64,512", help="rows of the larger-batch table ('' skips it)")
     args = ap.parse_args(argv)
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f} at the start; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads")
-    ceilings = measure_ceilings("cpu")
-    bandwidth = ceilings.weight_read_bandwidth
-    print(f"weight-read bandwidth (batch-1 fp32 GEMV, 256 MiB): {bandwidth / 1e9:.1f} GB/s; "
-          f"copy {ceilings.copy_bandwidth / 1e9:.1f} GB/s")
     with torch.inference_mode():
-        gemv_table(bandwidth)
-    for model in args.models.split(","):
+        bandwidth = gemv_table(args.rounds)
+        if args.batches:
+            batch_table([int(b) for b in args.batches.split(",")], args.rounds)
+    for model in filter(None, args.models.split(",")):
         decode_table(model, args.tokens, args.rounds, bandwidth)
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 

@@ -8,9 +8,11 @@ swaps each for a QuantizedCpuLinear:
 - one or two rows (batch-1 and batch-2 decode) run the GEMV of cpu_quant_gemv.cpp, which reads
   the codes and scales directly: a byte per weight, the point of quantizing (benchmarks/
   quantization.py measures its weight-read rate against a float GEMV's);
-- more rows dequantize the layer into one buffer the model's layers share (the largest layer's
-  size, allocated once), then run F.linear on it: a prefill chunk's matmul does enough arithmetic
-  per weight that the extra pass over the weight costs little beside it.
+- up to INT8PACK_ROWS rows of int8 codes with one scale per channel run torch's weight-only int8
+  matmul (torch._weight_int8pack_mm, the scales in the activations' dtype);
+- more rows, and fp8 or grouped codes, dequantize the layer into one buffer the model's layers
+  share (the largest layer's size, allocated once), then run F.linear on it: a prefill chunk's
+  matmul does enough arithmetic per weight that the extra pass over the weight costs little.
 
 Its state_dict keeps `qweight`, `weight_scale` (and `bias`). Activations other than fp32 and bf16
 (fp16) take the reference's path.
@@ -24,7 +26,10 @@ from torch import nn
 
 from nanoserve.kernels.quantization import quantized_linear
 
-GEMV_ROWS = 2  # inputs of at most this many rows go to the GEMV, larger ones to a dequantized matmul
+GEMV_ROWS = 2  # inputs of at most this many rows go to the GEMV, larger ones to a matmul
+# int8 codes with a scale per channel: up to this many rows run torch's weight-only int8 matmul, which
+# reads the codes as they are; more dequantize into the buffer (benchmarks/quantization.py, rows table)
+INT8PACK_ROWS = 64
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -64,6 +69,10 @@ class QuantizedCpuLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.out_features, self.in_features = qweight.shape
         self.buffer = buffer
+        # torch's kernel reads 32 input values at a time (other sizes crash it)
+        self.int8pack = (qweight.dtype == torch.int8 and weight_scale.shape[1] == 1
+                         and self.in_features % 32 == 0)
+        self.scales = {}  # the per-channel scales in each activation dtype, for _weight_int8pack_mm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype not in ACTIVATION_DTYPES or (self.bias is not None and self.bias.dtype != x.dtype):
@@ -73,6 +82,13 @@ class QuantizedCpuLinear(nn.Module):
             y = x.new_empty(rows, self.out_features)
             torch.ops.nanoserve_cpu.quant_gemv(y, x.reshape(rows, -1).contiguous(), self.qweight,
                                                self.weight_scale, self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
+        if self.int8pack and rows <= INT8PACK_ROWS:
+            scale = self.scales.get(x.dtype)
+            if scale is None:
+                scale = self.scales[x.dtype] = self.weight_scale[:, 0].to(x.dtype)
+            y = torch._weight_int8pack_mm(x.reshape(rows, -1).contiguous(), self.qweight, scale)
+            y = y if self.bias is None else y + self.bias
             return y.view(*x.shape[:-1], self.out_features)
         w = self.buffer.get((self.out_features, self.in_features), x.dtype)
         torch.ops.nanoserve_cpu.quant_dequantize(w, self.qweight, self.weight_scale)

@@ -57,10 +57,10 @@ struct Fp8Code {
 #if defined(__AVX2__) && defined(__F16C__)
   static constexpr float kScale = 256.f;  // the fp16 read below is the value times 2^-8
   static vf8 load(const uint8_t* p) {
-    const __m128i u = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m128i sign = _mm_slli_epi16(_mm_and_si128(u, _mm_set1_epi16(0x80)), 8);
-    const __m128i mag = _mm_slli_epi16(_mm_and_si128(u, _mm_set1_epi16(0x7F)), 7);
-    const __m256 f = _mm256_cvtph_ps(_mm_or_si128(sign, mag));
+    // each code in the high byte of a 16-bit lane, shifted right one bit with its sign: the sign
+    // stays in bit 15, a copy of it lands in bit 14 (cleared), the magnitude in bits 7..13
+    const __m128i hi = _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256 f = _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(hi, 1), _mm_set1_epi16(static_cast<short>(0xBFFF))));
     vf8 v;
     std::memcpy(&v, &f, sizeof v);
     return v;
