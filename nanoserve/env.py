@@ -49,6 +49,8 @@ VARIABLES = {v.name: v for v in (
                                             "(make test-browser)"),
     EnvVar("NANOSERVE_KERNEL_TESTS_CHILD", None, "tests: set in the child process that reruns the "
                                                  "kernel tests under the Triton interpreter"),
+    EnvVar("NANOSERVE_LLAMACPP_PYTHON", None, "tests: the python of a venv with llama-cpp-python "
+                                              "(benchmarks/README.md), to run the llama.cpp driver's test"),
 )}
 
 

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
+from nanoserve import env
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-LLAMACPP_PYTHON = os.environ.get("NANOSERVE_LLAMACPP_PYTHON")
+LLAMACPP_PYTHON = env.get("NANOSERVE_LLAMACPP_PYTHON")
 
 
 @pytest.fixture(scope="module")
