@@ -22,8 +22,7 @@ import time
 import torch
 
 from nanoserve import LLM, EngineConfig, SamplingParams
-from nanoserve.engine.request import Request
-from nanoserve.engine.scheduler import ScheduledSeq
+from nanoserve.measure.quality import prompt_logits
 from nanoserve.model import DEMO_MODEL_DIR
 
 VARIANTS = {"bf16": ("bfloat16", None), "int8": ("bfloat16", "int8"), "fp8": ("bfloat16", "fp8"),
@@ -37,18 +36,6 @@ CHATS = ["What is the capital of France?", "Name three colours of the rainbow.",
 
 
 @torch.inference_mode()
-def sequence_logits(llm, tokens: list[int]) -> torch.Tensor:
-    """One prefill of `tokens` through the engine's model: fp32 logits (len, vocab) at every position."""
-    runner, kv = llm.engine.executor, llm.engine.kv_manager
-    req = Request("probe", tokens, SamplingParams(max_tokens=1), 0.0, 10**6)
-    assert kv.allocate_slots(req, len(tokens)), "KV cache too small for the window"
-    seq = ScheduledSeq("probe", tokens, 0, kv.block_ids("probe"), True, req.params, False)
-    ids, pos, attn, _ = runner.prepare([seq])
-    logits = runner.model.compute_logits(runner.model(ids, pos, runner.kv_caches, attn)).float()
-    kv.free(req)
-    return logits
-
-
 def heldout(tokenizer) -> list[int]:
     with open(os.path.join(DEMO_MODEL_DIR, "heldout.txt")) as f:
         return tokenizer.encode(f.read())
@@ -65,7 +52,7 @@ def logit_table(windows: int, window: int, with_generations: bool) -> None:
     tokens = heldout(llms["bf16"].tokenizer)
     step = (len(tokens) - window) // windows
     spans = [tokens[i * step:i * step + window] for i in range(windows)]
-    logits = {name: torch.cat([sequence_logits(llm, s) for s in spans]) for name, llm in llms.items()}
+    logits = {name: torch.cat([prompt_logits(llm, s) for s in spans]) for name, llm in llms.items()}
     print(f"\nsmollm2-135m, {windows} x {window} positions of heldout.txt")
     print("| weights (activations) | against | argmax agreement | RMS error / RMS logit | max abs error | "
           "mean KL (nats) |\n|---|---|---|---|---|---|")
@@ -107,7 +94,7 @@ def perplexity_table(ppl_tokens: int) -> None:
         nll, n = 0.0, 0
         for start in range(0, len(tokens) - 1, window):
             span = tokens[start:start + window + 1]
-            logits = sequence_logits(llm, span[:-1])
+            logits = prompt_logits(llm, span[:-1])
             nll += torch.nn.functional.cross_entropy(logits, torch.tensor(span[1:]), reduction="sum").item()
             n += len(span) - 1
         result[name] = math.exp(nll / n)
