@@ -117,8 +117,11 @@ class OpenAIServing:
             raise p.APIError.invalid(e, "prompt") from e
         except ServerBusy as e:
             raise p.APIError(503, str(e), headers={"Retry-After": "1"}) from e
-        except (EngineStopped, asyncio.TimeoutError) as e:
-            raise p.APIError(503, str(e) or "the engine did not accept the request in time") from e
+        except asyncio.TimeoutError as e:  # overloaded, as OpenAI's "engine is overloaded": 503, not 429
+            raise p.APIError(503, "the engine did not accept the request in time; retry later",
+                             headers={"Retry-After": "1"}) from e
+        except EngineStopped as e:
+            raise p.APIError(503, str(e) or "the server is shutting down") from e
 
     async def events(self, stream, text: TextStream):
         """-> (delta text, OpenAI finish reason or None, stop reason, output tokens) per output."""

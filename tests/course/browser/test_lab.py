@@ -1,9 +1,10 @@
-"""Lessons in JupyterLab in a real browser, quick mode: every cell runs, no error output, and
-(05, 07, 13) the widgets render with a figure and moving a slider changes the figure; (06, 10) every
-figure shows. nbval runs the kernel only; this runs the front end too, and keeps a screenshot of
-each whole lesson at JupyterLab's width in test-artifacts/ to look at. Also: RISE (live slides) loads.
+"""Lessons in JupyterLab in a real browser, quick mode: every lesson's cells run with no error
+output and its figures load; (05, 07, 13) moving a widget's slider changes its figure. nbval runs
+the kernel only; this runs the front end too, and keeps screenshots of each lesson's figures,
+widgets and whole page at JupyterLab's width in test-artifacts/ to look at. Also: RISE loads.
 """
 
+import contextlib
 import re
 import time
 
@@ -99,15 +100,28 @@ def wait_changed(img, before: str, timeout: float = 120):
     pytest.fail(f"the figure did not change within {timeout:.0f} s of moving the slider")
 
 
-@pytest.mark.parametrize("number", ["05", "07", "13"])
-def test_lesson_runs_and_its_widget_responds(browser, lab, artifacts, number):
-    path = lessons.lesson_path(number).name
+WIDGET_LESSONS = ("05", "07", "13")  # a slider moved, the figure watched
+
+
+@contextlib.contextmanager
+def lesson_run(browser, lab, artifacts, number: str):
+    """A page with lesson `number` open and all its cells run without error; the whole page is
+    kept as a screenshot however the test ends."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(60_000)
     try:
-        open_notebook(page, lab, path)
+        open_notebook(page, lab, lessons.lesson_path(number).name)
         run_all(page)
         assert not errors(page), errors(page)
+        yield page
+    finally:
+        page.screenshot(path=str(artifacts / f"lab_{number}_page.png"))
+        page.close()
+
+
+@pytest.mark.parametrize("number", WIDGET_LESSONS)
+def test_lesson_runs_and_its_widget_responds(browser, lab, artifacts, number):
+    with lesson_run(browser, lab, artifacts, number) as page:
         img = widget_figure(page)
         img.scroll_into_view_if_needed()
         before = img.get_attribute("src")
@@ -119,24 +133,12 @@ def test_lesson_runs_and_its_widget_responds(browser, lab, artifacts, number):
         assert after != before
         box.screenshot(path=str(artifacts / f"lab_{number}_after.png"))
         screenshot_figures(page, artifacts, number)
-    finally:
-        page.screenshot(path=str(artifacts / f"lab_{number}_page.png"))
-        page.close()
 
 
-@pytest.mark.parametrize("number", ["06", "10"])
+@pytest.mark.parametrize("number", [n for n in lessons.WORKSHOP_LESSONS if n not in WIDGET_LESSONS])
 def test_lesson_runs_and_its_figures_show(browser, lab, artifacts, number):
-    path = lessons.lesson_path(number).name
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(60_000)
-    try:
-        open_notebook(page, lab, path)
-        run_all(page)
-        assert not errors(page), errors(page)
+    with lesson_run(browser, lab, artifacts, number) as page:
         assert screenshot_figures(page, artifacts, number) > 0, "no figure in the outputs"
-    finally:
-        page.screenshot(path=str(artifacts / f"lab_{number}_page.png"))
-        page.close()
 
 
 def test_rise_loads(browser, lab, artifacts):
