@@ -6,7 +6,9 @@ cpu_attention.cpp reads each byte once (a bf16 cache on a CPU with AVX512-BF16 g
 cpu_attention_bf16.cpp); benchmarks/cpu_attention.py measures it against the torch path below.
 
 `paged_attention` has the reference's contract: the leading decode rows go to the C++ op in one
-call, prefill rows (SDPA's flash kernel reads them once already) to reference.sequence_attention.
+call, and so do the rows of sequences with a few query tokens (a speculative verify, a short
+chunk), a row each with its own causal length; longer prefills (SDPA's flash kernel reads their
+K/V once already) go to reference.sequence_attention.
 Decodes the op cannot take go to `grouped_decode_attention`, torch in cache-sized groups. An fp8
 (e4m3) cache goes to the op beside any model dtype: it reads one byte a value and folds the
 scales into the query and the output.
@@ -25,6 +27,10 @@ from nanoserve.kernels.metadata import AttentionMetadata
 # K+V gathered per group of decodes: small enough to stay in a CPU's cache between the gather and
 # SDPA's read (measured by benchmarks/cpu_attention.py; figures in benchmarks/results/NOTES.md)
 DECODE_GATHER_BYTES = 4 * 2**20
+# a sequence with at most this many query tokens is attended a row at a time by the decode op: each
+# row rereads the K/V (cheap for a few rows), where a per-sequence SDPA call pays a gather and a
+# mask per layer (benchmarks/spec_decode.py: the verify step of speculative decoding)
+MULTI_QUERY_ROWS = 8
 
 
 def grouped_decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale,
@@ -80,7 +86,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     attn: AttentionMetadata, scale: float, k_scale: float = 1.0,
                     v_scale: float = 1.0) -> torch.Tensor:
     """reference.paged_attention, with the leading single-token rows (attn.decode_count) in one
-    decode_attention call; the other sequences one at a time, as the reference does them."""
+    decode_attention call, the rows of sequences of up to MULTI_QUERY_ROWS query tokens in another,
+    the longer ones one at a time, as the reference does them."""
     qsl, lens = attn.host_offsets()
     num_heads, head_dim = q.shape[1:]
     num_kv_heads = k_cache.shape[2]
@@ -91,8 +98,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         qd = q[:D].view(D, num_kv_heads, num_heads // num_kv_heads, head_dim)  # (D, kvh, g, hd)
         decode_attention(qd, out[:D].view_as(qd), k_cache, v_cache, attn.block_tables[:D],
                          attn.seq_lens[:D], lens[:D], scale, k_scale, v_scale)
+    few = [i for i in range(D, len(lens)) if qsl[i + 1] - qsl[i] <= MULTI_QUERY_ROWS]
+    if few:  # row j of n query tokens sees the first lens - n + 1 + j positions: causal attention
+        seq = [i for i in few for _ in range(qsl[i + 1] - qsl[i])]
+        row_lens = [lens[i] - (qsl[i + 1] - qsl[i]) + 1 + j for i in few for j in range(qsl[i + 1] - qsl[i])]
+        rows = torch.tensor([r for i in few for r in range(qsl[i], qsl[i + 1])], device=q.device)
+        qr = q[rows].view(len(seq), num_kv_heads, num_heads // num_kv_heads, head_dim)
+        orows = torch.empty_like(qr)
+        decode_attention(qr, orows, k_cache, v_cache, attn.block_tables[torch.tensor(seq, device=q.device)],
+                         torch.tensor(row_lens, dtype=torch.int32, device=q.device), row_lens, scale,
+                         k_scale, v_scale)
+        out[rows] = orows.view(len(seq), num_heads, head_dim)
     for i in range(D, len(lens)):
-        s, e = qsl[i], qsl[i + 1]
-        out[s:e] = reference.sequence_attention(q[s:e], k_cache, v_cache, attn.block_tables[i],
-                                                lens[i], scale, k_scale, v_scale)
+        if qsl[i + 1] - qsl[i] > MULTI_QUERY_ROWS:
+            s, e = qsl[i], qsl[i + 1]
+            out[s:e] = reference.sequence_attention(q[s:e], k_cache, v_cache, attn.block_tables[i],
+                                                    lens[i], scale, k_scale, v_scale)
     return out

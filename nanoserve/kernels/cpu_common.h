@@ -7,6 +7,10 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
 
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -70,6 +74,17 @@ inline vf8 load8(const c10::BFloat16* p) {
   typedef uint16_t vh8 __attribute__((vector_size(16)));
   typedef uint32_t vu8 __attribute__((vector_size(32)));
   return load_bf16<vf8, vh8, vu8>(p);
+}
+
+// a * b + c rounded once where the CPU has FMA, else twice: the same instruction wherever it is
+// written, where the compiler's own contraction of `c += a * b` may differ between two
+// instantiations of one loop (kernels whose rows must not depend on their neighbours use this)
+inline vf8 fma8(vf8 a, vf8 b, vf8 c) {
+#if defined(__FMA__)
+  return (vf8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  return a * b + c;
+#endif
 }
 
 inline float sum8(vf8 v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }

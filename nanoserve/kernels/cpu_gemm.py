@@ -1,4 +1,4 @@
-"""CPU matmuls: oneDNN-prepacked weights, and a GEMV for one or two rows.
+"""CPU matmuls: oneDNN-prepacked weights, and a GEMV for a few rows.
 
 A batch-1 decode step is a chain of matrix-vector products, so its speed is the speed at
 which the CPU streams weights, and that depends on the weight's layout in memory. oneDNN
@@ -6,7 +6,7 @@ which the CPU streams weights, and that depends on the weight's layout in memory
 best; vLLM's CPU backend (`dispatch_cpu_unquantized_gemm`) and torch.compile's freezing pass
 do the same (benchmarks/cpu_linear.py measures F.linear against it at batch 1 to 2048).
 
-One and two rows go to a GEMV of our own instead (cpu_gemv.cpp, where the C++ ops build): each
+Up to GEMV_ROWS rows go to a GEMV of our own instead (cpu_gemv.cpp, where the C++ ops build): each
 thread streams a contiguous range of the *dense* weight's rows in memory order, which reads the
 weights faster than oneDNN does at one row (benchmarks/cpu_linear.py). It needs the dense weight,
 so a layer then holds its weight twice, dense and packed: a model keeps the dense copies while its
@@ -43,7 +43,7 @@ PRIMITIVE_CACHE_CAPACITY = 64
 for _var in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
     os.environ.setdefault(_var, str(PRIMITIVE_CACHE_CAPACITY))
 
-GEMV_ROWS = 2  # inputs of at most this many rows go to the GEMV, larger ones to oneDNN
+GEMV_ROWS = 8  # rows up to this go to the GEMV (a verify of up to 7 drafts), more to oneDNN
 GEMV_DTYPES = (torch.float32, torch.bfloat16)
 
 

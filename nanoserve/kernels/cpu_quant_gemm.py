@@ -1,11 +1,12 @@
-"""CPU linears over 8-bit weight codes: the GEMV for one or two rows, a dequantized layer for more.
+"""CPU linears over 8-bit weight codes: the GEMV for a few rows, a dequantized layer for more.
 
 A quantized linear (model/quantization.py's QuantizedLinear: any module holding `qweight`, int8 or
 float8_e4m3fn codes (out, in), and `weight_scale`, fp32 (out, groups)) computes, by the reference,
 F.linear on its weight dequantized afresh each call. Where the C++ ops build, `pack_quantized`
 swaps each for a QuantizedCpuLinear:
 
-- one or two rows (batch-1 and batch-2 decode) run the GEMV of cpu_quant_gemv.cpp, which reads
+- up to GEMV_ROWS rows (decode at small batch, a speculative verify) run the GEMV of
+  cpu_quant_gemv.cpp, which reads
   the codes and scales directly: a byte per weight, the point of quantizing (benchmarks/
   quantization.py measures its weight-read rate against a float GEMV's);
 - up to INT8PACK_ROWS rows of int8 codes with one scale per channel run torch's weight-only int8
@@ -24,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoserve.kernels.cpu_gemm import GEMV_ROWS  # the float GEMV's bound: a verify row stays a GEMV row
 from nanoserve.kernels.quantization import quantized_linear
 
-GEMV_ROWS = 2  # inputs of at most this many rows go to the GEMV, larger ones to a matmul
 # int8 codes with a scale per channel: up to this many rows run torch's weight-only int8 matmul, which
 # reads the codes as they are; more dequantize into the buffer (benchmarks/quantization.py, rows table)
 INT8PACK_ROWS = 64

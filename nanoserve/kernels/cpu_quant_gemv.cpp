@@ -1,5 +1,5 @@
 // Linear layers over 8-bit weight codes on a CPU (kernels/quantization.py defines the formats):
-// the GEMV of one or two rows reading the codes and scales directly, and the dequantization of a
+// the GEMV of a few rows reading the codes and scales directly, and the dequantization of a
 // layer into a buffer (for batches of more rows, which then run a float matmul on it).
 //
 // A row's weight is int8 or fp8 e4m3 codes with an fp32 scale per group of input values (one group:
@@ -23,12 +23,13 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
-#include <vector>
 
 #include "cpu_common.h"
+#include "cpu_few_rows.h"
 
 namespace {
 
+using nanoserve::fma8;
 using nanoserve::load8;
 using nanoserve::sum8;
 using nanoserve::vf8;
@@ -104,14 +105,14 @@ void rows(const uint8_t* q, const float* scale, const float* x, float* y, int64_
       for (; i + 32 <= end; i += 32)
         for (int c = 0; c < 4; ++c) {
           const vf8 wv = Code::load(qr + i + 8 * c);
-          for (int m = 0; m < M; ++m) part[m][c] += wv * load8(x + m * in + i + 8 * c);
+          for (int m = 0; m < M; ++m) part[m][c] = fma8(wv, load8(x + m * in + i + 8 * c), part[m][c]);
         }
       for (; i < end; i += 8) {  // a group of 8k values, k not a multiple of 4: the rest
         const vf8 wv = Code::load(qr + i);
-        for (int m = 0; m < M; ++m) part[m][0] += wv * load8(x + m * in + i);
+        for (int m = 0; m < M; ++m) part[m][0] = fma8(wv, load8(x + m * in + i), part[m][0]);
       }
-      const float s = scale[r * groups + g] * Code::kScale;
-      for (int m = 0; m < M; ++m) acc[m] += s * ((part[m][0] + part[m][1]) + (part[m][2] + part[m][3]));
+      const vf8 s = vf8{} + scale[r * groups + g] * Code::kScale;
+      for (int m = 0; m < M; ++m) acc[m] = fma8(s, (part[m][0] + part[m][1]) + (part[m][2] + part[m][3]), acc[m]);
     }
     for (int m = 0; m < M; ++m) y[m * out + r] = sum8(acc[m]);
   }
@@ -132,35 +133,22 @@ void check_codes(const at::Tensor& q, const at::Tensor& scale, const char* op) {
 template <typename T, typename Code>
 void gemv_impl(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                const std::optional<at::Tensor>& bias) {
-  const int64_t M = x.size(0), in = x.size(1), out = q.size(0), group = in / scale.size(1);
-  constexpr bool f32 = std::is_same_v<T, float>;
-  std::vector<float> xf(f32 ? 0 : M * in), yf(f32 ? 0 : M * out);
-  const T* xp = static_cast<const T*>(x.const_data_ptr());
-  if constexpr (!f32) nanoserve::to_float(xp, xf.data(), M * in);
-  const float* xv = f32 ? reinterpret_cast<const float*>(xp) : xf.data();
-  float* yp = f32 ? static_cast<float*>(y.data_ptr()) : yf.data();
+  const int64_t in = x.size(1), out = q.size(0), group = in / scale.size(1);
   const uint8_t* qp = static_cast<const uint8_t*>(q.const_data_ptr());
   const float* sp = scale.const_data_ptr<float>();
-  // 64 rows a task at least: fewer cost more to hand to a thread than to compute
-  at::parallel_for(0, out, 64, [&](int64_t r0, int64_t r1) {
-    (M == 1 ? rows<Code, 1> : rows<Code, 2>)(qp, sp, xv, yp, r0, r1, in, out, group);
-  });
-  T* yo = static_cast<T*>(y.data_ptr());
-  const T* b = bias ? static_cast<const T*>(bias->const_data_ptr()) : nullptr;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t r = 0; r < out; ++r) {
-      const float v = yp[m * out + r];  // the sum, then the bias in fp32, rounded once
-      yo[m * out + r] = static_cast<T>(b ? v + static_cast<float>(b[r]) : v);
-    }
+  nanoserve::few_rows_linear<T>(y, x, out, in, bias,
+                                [&](const float* xm, float* ym, int64_t r0, int64_t r1, bool pair) {
+                                  (pair ? rows<Code, 2> : rows<Code, 1>)(qp, sp, xm, ym, r0, r1, in, out, group);
+                                });
 }
 
 void quant_gemv(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                 const std::optional<at::Tensor>& bias) {
   check_codes(q, scale, "quant_gemv");
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.size(0) == 1 || x.size(0) == 2) &&
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(0) >= 1 &&
               x.is_contiguous() && x.size(1) == q.size(1) &&
               (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "quant_gemv: x must be (1 or 2, in) contiguous fp32 or bf16, got ", x.sizes());
+              "quant_gemv: x must be (rows, in) contiguous fp32 or bf16 with rows >= 1, got ", x.sizes());
   TORCH_CHECK(y.is_contiguous() && y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == q.size(0) &&
               y.scalar_type() == x.scalar_type(), "quant_gemv: y must be a contiguous (M, out) tensor in x's dtype");
   TORCH_CHECK(!bias || (bias->is_contiguous() && bias->dim() == 1 && bias->size(0) == q.size(0) &&

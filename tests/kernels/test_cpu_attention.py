@@ -123,12 +123,32 @@ def test_a_softmax_of_huge_scores_stays_finite():
     torch.testing.assert_close(od, want, **TOL[torch.float32])
 
 
-@pytest.mark.parametrize("case", ["decode", "mixed"])
-def test_paged_attention_of_mixed_batches(case):
-    """Decode rows from the op, prefill rows from the reference, all in their places."""
-    batch = paged_batch(CASES[case], 6, 2, 16, 4, torch.float32, "cpu")
+VERIFY = [(30, 1), (40, 5), (17, 8), (2, 3), (9, 9)]  # decodes, then verifies of 2-7 drafts, a chunk
+
+
+@pytest.mark.parametrize("seqs", [CASES["decode"], CASES["mixed"], CASES["prefill"], VERIFY])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_of_mixed_batches(seqs, dtype):
+    """Decode rows and sequences of up to MULTI_QUERY_ROWS query tokens from the op, longer
+    prefills from the reference, all in their places."""
+    batch = paged_batch(seqs, 6, 2, 16, 4, dtype, "cpu")
     got = cpu_attention.paged_attention(*batch, 0.25)
-    torch.testing.assert_close(got, reference.paged_attention(*batch, 0.25), **TOL[torch.float32])
+    torch.testing.assert_close(got, reference.paged_attention(*batch, 0.25), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_verify_row_equals_the_decode_step_it_replaces(dtype):
+    """Row j of a 5-token verify, computed beside the others, is bit for bit what a lone decode
+    of that token (its context: the cached tokens and drafts 0..j) computes."""
+    q, k_cache, v_cache, attn = paged_batch([(40, 5)], 6, 2, 16, 4, dtype, "cpu")
+    got = cpu_attention.paged_attention(q, k_cache, v_cache, attn, 0.25)
+    for j in range(5):
+        qd = q[j:j + 1].view(1, 2, 3, 16)
+        od = torch.empty_like(qd)
+        n = 40 + j + 1
+        cpu_attention.decode_attention(qd, od, k_cache, v_cache, attn.block_tables, torch.tensor([n]), [n],
+                                       0.25)
+        assert torch.equal(got[j], od.view(6, 16)), j
 
 
 def test_shapes_the_op_does_not_take_go_to_the_torch_path(monkeypatch):

@@ -102,7 +102,7 @@ needs_gemv = pytest.mark.skipif(not _gemv_available(), reason="the C++ CPU ops a
 
 @needs_gemv
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("out_features", [1, 80, 1000])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv_matches_an_fp32_product(dtype, tol, rows, out_features, bias):
@@ -118,17 +118,36 @@ def test_gemv_matches_an_fp32_product(dtype, tol, rows, out_features, bias):
 
 
 @needs_gemv
-def test_packed_linear_runs_one_or_two_rows_in_the_gemv(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gemv_row_does_not_depend_on_the_rows_beside_it(dtype):
+    """Row i of an M-row call equals the same row run alone, bit for bit, for every M up to
+    GEMV_ROWS and with tiles of weight rows (2048 inputs: 8 weight rows a tile in fp32, so 1000
+    rows are many tiles): what makes a speculative verify row equal a one-row decode step."""
+    torch.manual_seed(0)
+    w = torch.randn(1000, 2048).to(dtype)
+    b = torch.randn(1000).to(dtype)
+    x = torch.randn(cpu_gemm.GEMV_ROWS, 2048).to(dtype)
+    alone = torch.empty(cpu_gemm.GEMV_ROWS, 1000, dtype=dtype)
+    for i in range(cpu_gemm.GEMV_ROWS):
+        torch.ops.nanoserve_cpu.gemv(alone[i:i + 1], x[i:i + 1].contiguous(), w, b)
+    for m in range(2, cpu_gemm.GEMV_ROWS + 1):
+        y = torch.empty(m, 1000, dtype=dtype)
+        torch.ops.nanoserve_cpu.gemv(y, x[:m].contiguous(), w, b)
+        assert torch.equal(y, alone[:m]), f"{m} rows: row {(y != alone[:m]).any(1).nonzero()[0].item()}"
+
+
+@needs_gemv
+def test_packed_linear_runs_up_to_gemv_rows_in_the_gemv(monkeypatch):
     m = nn.Linear(64, 40)
     packed = cpu_gemm.PackedLinear.from_linear(m)
     assert packed.gemv and packed.dense is not None
     calls = []
     real = torch.ops.nanoserve_cpu.gemv
     monkeypatch.setattr(torch.ops.nanoserve_cpu, "gemv", lambda *a: calls.append(a[1].shape) or real(*a))
-    for rows in (1, 2, 3):
+    for rows in (1, 2, 5, cpu_gemm.GEMV_ROWS, cpu_gemm.GEMV_ROWS + 1):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(packed(x), F.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-5)
-    assert calls == [(1, 64), (2, 64)]  # three rows went to oneDNN
+    assert calls == [(1, 64), (2, 64), (5, 64), (cpu_gemm.GEMV_ROWS, 64)]  # one more: oneDNN
     assert packed(torch.randn(1, 1, 64)).shape == (1, 1, 40)
 
 
@@ -151,8 +170,10 @@ def test_gemv_needs_whole_32_value_rows_and_the_cpu_backend(monkeypatch):
 @needs_gemv
 def test_the_gemv_refuses_what_it_cannot_take():
     w, y = torch.randn(8, 64), torch.empty(3, 8)
-    with pytest.raises(RuntimeError, match="1 or 2"):
-        torch.ops.nanoserve_cpu.gemv(y, torch.randn(3, 64), w, None)
+    with pytest.raises(RuntimeError, match="rows >= 1"):
+        torch.ops.nanoserve_cpu.gemv(y[:0], torch.randn(0, 64), w, None)
+    with pytest.raises(RuntimeError, match="y must be"):
+        torch.ops.nanoserve_cpu.gemv(y[:2], torch.randn(3, 64), w, None)
     with pytest.raises(RuntimeError, match="in % 32"):  # 48 inputs
         torch.ops.nanoserve_cpu.gemv(y[:1], torch.randn(1, 48), torch.randn(8, 48), None)
     with pytest.raises(RuntimeError, match="in x's dtype"):

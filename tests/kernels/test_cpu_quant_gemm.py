@@ -44,7 +44,7 @@ def make(out, inp, method, group, dtype, bias, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.sampled_from([1, 2, 3, 17]), inp=st.sampled_from([8, 40, 96, 264, 768]),
+@given(rows=st.sampled_from([1, 2, 3, 5, 8, 9, 17]), inp=st.sampled_from([8, 40, 96, 264, 768]),
        out=st.sampled_from([1, 31, 129, 200]), method=st.sampled_from(["int8", "fp8"]),
        grouped=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
        bias=st.booleans(), seed=st.integers(0, 999))
@@ -78,7 +78,8 @@ def test_one_buffer_serves_layers_of_any_size_in_turn():
     buffer = cpu_quant_gemm.DequantBuffer(64 * 96)
     layers = [cpu_quant_gemm.QuantizedCpuLinear(*make(o, i, "fp8", None, torch.float32, False, o)[:2],
                                                 None, buffer) for o, i in ((64, 96), (40, 32))]
-    x = [torch.randn(5, 96), torch.randn(5, 32)]
+    n = cpu_quant_gemm.GEMV_ROWS + 1  # rows past the GEMV: the dequantized layer
+    x = [torch.randn(n, 96), torch.randn(n, 32)]
     first = layers[0](x[0]).clone()
     layers[1](x[1])  # overwrites the buffer
     assert torch.equal(layers[0](x[0]), first)
@@ -92,6 +93,23 @@ def test_the_gemv_refuses_what_it_cannot_read():
         torch.ops.nanoserve_cpu.quant_gemv(y, torch.randn(1, 40), q, torch.ones(16, 3), None)
     with pytest.raises(RuntimeError, match="x must be"):
         torch.ops.nanoserve_cpu.quant_gemv(y, torch.randn(1, 40).half(), q, s, None)
+
+
+@pytest.mark.parametrize("method,group", [("int8", None), ("fp8", None), ("int8", 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gemv_row_does_not_depend_on_the_rows_beside_it(method, group, dtype):
+    """Row i of an M-row call equals the same row alone, bit for bit, for M up to GEMV_ROWS (over
+    many 64 KB tiles of 4,096-byte code rows), as in the float GEMV."""
+    q, s, b = make(300, 4096, method, group, dtype, True, 3)
+    n = cpu_quant_gemm.GEMV_ROWS
+    x = torch.randn(n, 4096).to(dtype)
+    alone = torch.empty(n, 300, dtype=dtype)
+    for i in range(n):
+        torch.ops.nanoserve_cpu.quant_gemv(alone[i:i + 1], x[i:i + 1].contiguous(), q, s, b)
+    for m in range(2, n + 1):
+        y = torch.empty(m, 300, dtype=dtype)
+        torch.ops.nanoserve_cpu.quant_gemv(y, x[:m].contiguous(), q, s, b)
+        assert torch.equal(y, alone[:m]), m
 
 
 def engine_layers(llm):
@@ -134,7 +152,7 @@ for method in ("int8", "fp8"):
     for group in (None, 32):
         w = torch.randn(96, 256)
         q, s = quantize_weight(w, method, group)
-        for rows in (1, 2):
+        for rows in (1, 2, 5):
             x = torch.randn(rows, 256)
             y = torch.empty(rows, 96)
             torch.ops.nanoserve_cpu.quant_gemv(y, x, q, s, None)
