@@ -3,6 +3,7 @@ whose output repeats its context and on free text.
 
     python benchmarks/spec_decode.py [--model PATH_OR_NAME] [--k 4] [--batches 1,16] [--max-tokens 64]
     python benchmarks/spec_decode.py --model smollm2-135m --chat [--dtype bfloat16]
+    python benchmarks/spec_decode.py --model smollm2-135m --chat --batches 1,32 --disable-by-batch-size 8
 
 Tasks (greedy, fp32 by default, EOS ignored so every run makes the same number of tokens):
   quote-back  a line of a held-out play three times over: the output repeats what came before
@@ -15,7 +16,10 @@ Each (task, batch) runs without speculation and with ngram (prompt_lookup 2..4) 
 `--reps` times; the table shows medians, the speedup of the two medians, the acceptance rate and
 the mean acceptance length (vLLM's definitions), and the greedy agreement of the two runs: the
 requests whose tokens are identical, and the share of tokens before the first difference (in
-bf16 a 1 + k-row verify may round differently from one-row steps and flip a near-tie).
+bf16 a 1 + k-row verify may round differently from one-row steps and flip a near-tie). With
+--disable-by-batch-size N a third engine, ngram with vLLM's `disable_by_batch_size` = N (no drafts
+while more than N requests run), is timed in the same alternation: the guard against speculating
+in a step that batching has already made compute-bound.
 Writes benchmarks/results/spec-decode-<date>.{json,md} with the CPU, the load and the versions.
 """
 
@@ -93,6 +97,8 @@ def main(argv=None) -> None:
                     help="quote-back as an instruction to copy a passage (instruction-tuned models)")
     ap.add_argument("--chat", action="store_true", help="lesson 12's chat tasks (a chat model)")
     ap.add_argument("--num-kv-blocks", type=int, default=512, help="each engine's KV pool (16-token blocks)")
+    ap.add_argument("--disable-by-batch-size", type=int, default=None,
+                    help="also time ngram with vLLM's disable_by_batch_size set to this")
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
     spec = dict(method="ngram", num_speculative_tokens=args.k, prompt_lookup_min=2, prompt_lookup_max=4)
@@ -101,10 +107,13 @@ def main(argv=None) -> None:
                           num_kv_blocks=args.num_kv_blocks)
     plain = LLM(args.model, dtype=args.dtype, config=config)
     ngram = LLM(args.model, dtype=args.dtype, config=config, speculative_config=spec)
+    guarded = None if args.disable_by_batch_size is None else LLM(
+        args.model, dtype=args.dtype, config=config,
+        speculative_config=dict(spec, disable_by_batch_size=args.disable_by_batch_size))
     info = dict(date=datetime.datetime.now().strftime("%Y-%m-%dT%H%M"), machine=cpu_facts(),
                 torch=torch.__version__, threads=torch.get_num_threads(), model=args.model,
                 dtype=args.dtype, speculative_config=spec, max_tokens=args.max_tokens, reps=args.reps,
-                chat=args.chat,
+                chat=args.chat, disable_by_batch_size=args.disable_by_batch_size,
                 loadavg_before=" ".join(f"{x:.2f}" for x in os.getloadavg()))
     rows = []
     for task in ("quote-back", "free-text"):
@@ -112,13 +121,19 @@ def main(argv=None) -> None:
             batch = prompts(plain, task, b, args.quote_instruction, args.chat)
             run(plain, batch[:1], 4)  # warm-up: first-touch allocation, kernel builds
             run(ngram, batch[:1], 4)
-            times, agree = {"off": [], "ngram": []}, []
+            if guarded is not None:
+                run(guarded, batch[:1], 4)
+            times, agree = {"off": [], "ngram": [], "guarded": []}, []
             for _ in range(args.reps):
                 dt, n, want, p0, p1 = run(plain, batch, args.max_tokens)
                 times["off"].append(n / dt)
                 dt, n, got, s0, s1 = run(ngram, batch, args.max_tokens)
                 times["ngram"].append(n / dt)
                 agree.append(agreement(want, got))
+                if guarded is not None:
+                    dt, n, got, _, _ = run(guarded, batch, args.max_tokens)
+                    times["guarded"].append(n / dt)
+                    agree.append(agreement(want, got))
             drafts = s1.spec_decode_num_drafts - s0.spec_decode_num_drafts
             draft_tokens = s1.spec_decode_num_draft_tokens - s0.spec_decode_num_draft_tokens
             accepted = s1.spec_decode_num_accepted_tokens - s0.spec_decode_num_accepted_tokens
@@ -131,11 +146,15 @@ def main(argv=None) -> None:
                              greedy_identical=all(a[0] == b for a in agree), requests=b,
                              identical_requests=min(a[0] for a in agree),
                              token_agreement=min(a[1] for a in agree), raw=times))
+            if guarded is not None:
+                rows[-1].update(tok_s_guarded=statistics.median(times["guarded"]),
+                                speedup_guarded=statistics.median(times["guarded"]) / off)
             r = rows[-1]
             print(f"{task:<11} b={b:<3} off {off:8.1f} tok/s  ngram {on:8.1f} tok/s  x{r['speedup']:.2f}  "
                   f"acceptance {100 * (r['acceptance_rate'] or 0):5.1f}%  length "
                   f"{r['acceptance_length']:.2f}  identical {r['identical_requests']}/{b} "
-                  f"({100 * r['token_agreement']:.1f}% of tokens)", flush=True)
+                  f"({100 * r['token_agreement']:.1f}% of tokens)"
+                  + (f"  guarded x{r['speedup_guarded']:.2f}" if guarded is not None else ""), flush=True)
     info["loadavg_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     info["rows"] = rows
     write(info, args.out)
@@ -147,7 +166,7 @@ def write(info: dict, out: str) -> None:
                              f"-{info['dtype']}")
     with open(stem + ".json", "w") as f:
         json.dump(info, f, indent=1)
-    m = info["machine"]
+    m, guard = info["machine"], info.get("disable_by_batch_size")
     lines = [f"# Speculative decoding (ngram, k={info['speculative_config']['num_speculative_tokens']}), "
              f"{info['date']}", "",
              f"{os.path.basename(os.path.normpath(info['model']))}, {info['dtype']}, greedy, "
@@ -159,15 +178,17 @@ def write(info: dict, out: str) -> None:
                  "processes shared the cores: these ratios are not results; rerun on an idle "
                  "machine.**", ""] if float(info["loadavg_before"].split()[0]) > m["cores"] else []),
              "| task | batch | tok/s off | tok/s ngram | speedup | engine steps off/ngram | acceptance | "
-             "mean length | greedy identical (requests; tokens before the first difference) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "mean length | greedy identical (requests; tokens before the first difference) |"
+             + (f" ngram, disable_by_batch_size={guard} | speedup |" if guard else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if guard else "")]
     for r in info["rows"]:
         rate = "-" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.1f}%"
         lines.append(f"| {r['task']} | {r['batch']} | {r['tok_s_off']:.1f} | {r['tok_s_ngram']:.1f} | "
                      f"{r['speedup']:.2f}x | {r.get('steps_off', '-')}/{r.get('steps_ngram', '-')} | "
                      f"{rate} | "
                      f"{r['acceptance_length']:.2f} | "
-                     f"{r['identical_requests']}/{r['requests']}; {100 * r['token_agreement']:.1f}% |")
+                     f"{r['identical_requests']}/{r['requests']}; {100 * r['token_agreement']:.1f}% |"
+                     + (f" {r['tok_s_guarded']:.1f} | {r['speedup_guarded']:.2f}x |" if guard else ""))
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"written: {stem}.md and .json")
