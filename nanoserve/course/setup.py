@@ -153,16 +153,20 @@ SIZES: dict[str, dict[str, dict]] = {
                         graph_kv_bytes=2**31,
                         pre_requests=64, pre_prompt=512, pre_tokens=256)},
     # on the real model (course.scenarios.chat): k drafts per verify; verify_*: the step-cost grid
-    # (positions include k + 1, batches include big_batch); kv_blocks: the loaded pool
+    # (positions include k + 1, batches include big_batch); kv_blocks: the loaded pool; grid_*: the
+    # explorer's runs over k, batch (at most big_batch) and task
     "12": {"quick": dict(model="smollm2-135m", k=4, verify_batches=(1, 4), positions=(1, 3, 5),
                          verify_context=64, verify_steps=3, max_tokens=32, reps=1, big_batch=4,
-                         trace_tokens=40, samples=3000, kv_blocks=256),
+                         trace_tokens=40, samples=3000, kv_blocks=256, grid_ks=(1, 4),
+                         grid_batches=(1, 4), grid_tokens=16, grid_reps=1),
            "cpu": dict(model="smollm2-135m", k=4, verify_batches=(1, 16, 32), positions=(1, 2, 5, 8),
                        verify_context=128, verify_steps=4, max_tokens=64, reps=3, big_batch=16,
-                       trace_tokens=48, samples=20000, kv_blocks=640),
+                       trace_tokens=48, samples=20000, kv_blocks=640, grid_ks=(1, 2, 4, 6, 8),
+                       grid_batches=(1, 16), grid_tokens=48, grid_reps=2),
            "cuda": dict(model="smollm2-135m", k=4, verify_batches=(1, 16, 64, 128), positions=(1, 2, 5, 8),
                         verify_context=512, verify_steps=8, max_tokens=128, reps=3, big_batch=64,
-                        trace_tokens=48, samples=50000, kv_blocks=8192)},
+                        trace_tokens=48, samples=50000, kv_blocks=8192, grid_ks=(1, 2, 4, 6, 8),
+                        grid_batches=(1, 64), grid_tokens=64, grid_reps=1)},
     # formats: the weight formats timed at batch 1 (context, steps); kv_memory: the bytes both KV
     # caches get, a few requests' worth; requests .. rate: the goodput workload; prefill_len: the
     # compute-bound prompt; quality_model: the model whose quality and generations are compared

@@ -146,7 +146,7 @@ class PackedLinear(nn.Module):
 def linear_for(weight: torch.Tensor) -> tuple[str, Callable[[torch.Tensor], torch.Tensor]]:
     """(name, x -> x @ weight.T) as the engine computes it: packed where oneDNN can run the
     weight's dtype on a CPU (in fp32 for bf16 on a CPU without bf16 kernels) with the GEMV for
-    one or two rows, F.linear elsewhere."""
+    up to GEMV_ROWS rows, F.linear elsewhere."""
     if weight.device.type == "cpu" and compute_dtype(weight.dtype) is not None:
         m = PackedLinear(weight, None)
         name = ("oneDNN linear" + ("" if m.compute == m.dtype else " in fp32")

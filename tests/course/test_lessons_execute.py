@@ -19,7 +19,7 @@ from nanoserve.course import lessons
 pytestmark = pytest.mark.usefixtures("cpu_ops")
 
 LESSONS = lessons.lesson_paths(lessons.WORKSHOP_LESSONS)
-WIDGET_LESSONS = {"03", "05", "07", "08", "09", "13"}
+WIDGET_LESSONS = {"03", "05", "07", "08", "09", "12", "13"}
 CELL_TIMEOUT = 240  # seconds; quick-mode cells take a few on 2 busy cores, the slowest ~20
 
 

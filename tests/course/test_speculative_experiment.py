@@ -51,3 +51,33 @@ def test_sampling_check_matches_the_target_and_the_mistake_does_not():
     assert c.mistake.sum() == pytest.approx(1.0) and c.mistake[2] > c.target[2]
     wrong = spec.SamplingCheck(c.target, 2, np.round(c.mistake * 2000).astype(np.int64), c.mistake)
     assert wrong.chi_square > wrong.critical  # the test can tell the mistake from the target
+
+
+def test_the_grid_shares_its_plain_runs_and_the_explorer_shows_every_cell(llm):
+    """speculation_grid: a Comparison per (task, batch, k), the plain runs shared by every k of a
+    (task, batch); the explorer's view is the grid's numbers, and its controls redraw."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from nanoserve.course import widgets
+    prompts = {"repeats": [[7, 8, 9, 10] * 6, [3, 4, 5] * 8], "plain": [list(range(20, 44))] * 2}
+    grid = spec.speculation_grid(llm, prompts, (1, 3), (1, 2), 12)
+    assert sorted(grid) == sorted((t, b, k) for t in prompts for b in (1, 2) for k in (1, 3))
+    for (t, b, k), c in grid.items():
+        assert c.off is grid[(t, b, 1)].off and c.on[0].batch == b and c.on[0].label == f"k={k}"
+        assert c.identical and len(c.on[0].accepted_per_pos) == k
+    view = widgets.compute_speculation_view(grid, "repeats", 2, 3)
+    assert view["speedup"] == {b: [grid[("repeats", b, k)].speedup for k in (1, 3)] for b in (1, 2)}
+    assert view["per_position"] == grid[("repeats", 2, 3)].on[0].per_position()
+    with pytest.raises(ValueError, match="batch=5"):
+        widgets.compute_speculation_view(grid, "repeats", 5, 3)
+    fig, axes = plt.subplots(1, 2)
+    widgets.plot_speculation_view(view, "tiny", axes)
+    assert "k = 3" in axes[1].get_title()
+    plt.close(fig)
+    box = widgets.speculation_explorer(grid, "tiny")
+    out = box.children[-1]
+    before = out.outputs[0]["data"]["image/png"]
+    box.children[1].value = 1  # the k slider
+    assert out.outputs[0]["data"]["image/png"] != before

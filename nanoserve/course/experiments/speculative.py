@@ -213,6 +213,25 @@ def compare(llm, prompts: Sequence[list[int]], task: str, max_tokens: int, spec:
     return Comparison(task, off, on)
 
 
+def speculation_grid(llm, prompts: dict[str, Sequence[list[int]]], ks: Sequence[int],
+                     batches: Sequence[int], max_tokens: int, reps: int = 1,
+                     **config) -> dict[tuple[str, int, int], Comparison]:
+    """{(task, batch, k): Comparison} over every task's prompts, batch size and k. Per (task,
+    batch), each round runs the plain engine, then ngram at every k, so one plain run serves every
+    k's comparison and a burst of other work lands in one round, not on one k."""
+    run_batch(llm, next(iter(prompts.values()))[:1], 2, ngram(max(ks)), "warm-up", **config)
+    grid = {}
+    for task, ps in prompts.items():
+        for b in batches:
+            off, on = [], {k: [] for k in ks}
+            for _ in range(max(1, reps)):
+                off.append(run_batch(llm, ps[:b], max_tokens, None, "off", **config))
+                for k in ks:
+                    on[k].append(run_batch(llm, ps[:b], max_tokens, ngram(k), f"k={k}", **config))
+            grid.update({(task, b, k): Comparison(task, off, on[k]) for k in ks})
+    return grid
+
+
 def expected_length(alpha: float, k: int) -> float:
     """Tokens per verify step if each draft is accepted with probability alpha, independently
     (Leviathan et al. 2023): 1 + alpha + ... + alpha^k."""

@@ -1,5 +1,5 @@
 """Lessons in JupyterLab in a real browser, quick mode: every lesson's cells run with no error
-output and its figures load; (05, 07, 13) moving a widget's slider changes its figure. nbval runs
+output and its figures load; (05, 07, 12, 13) moving a widget's slider changes its figure. nbval runs
 the kernel only; this runs the front end too, and keeps screenshots of each lesson's figures,
 widgets and whole page at JupyterLab's width in test-artifacts/ to look at. Also: RISE loads.
 """
@@ -100,7 +100,7 @@ def wait_changed(img, before: str, timeout: float = 120):
     pytest.fail(f"the figure did not change within {timeout:.0f} s of moving the slider")
 
 
-WIDGET_LESSONS = ("05", "07", "13")  # a slider moved, the figure watched
+WIDGET_LESSONS = ("05", "07", "12", "13")  # a slider moved, the figure watched
 
 
 @contextlib.contextmanager
