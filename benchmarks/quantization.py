@@ -99,28 +99,29 @@ def gemv_table(rounds: int) -> float:
     return bandwidth
 
 
-def batch_table(batches: list[int], rounds: int) -> None:
-    """More rows than the GEMV takes: bf16 on the engine's oneDNN linear against the 8-bit layers'
-    engine path (int8: torch._weight_int8pack_mm up to INT8PACK_ROWS rows, then dequantize into a
-    buffer + F.linear; fp8: the latter), and torch's int8 weight-only matmul at every size."""
+def batch_table(batches: list[int], rounds: int, dtype: torch.dtype) -> None:
+    """More rows than one or two: the dtype on the engine's oneDNN linear against the 8-bit layers'
+    engine path (QuantizedCpuLinear: the GEMV, torch._weight_int8pack_mm for bf16 int8, or
+    dequantize into a buffer + F.linear), and torch's int8 weight-only matmul at every size."""
     cfg = preset_config("llama-120m")
     shapes = layer_shapes(cfg) * cfg.num_hidden_layers
     dense = [torch.randn(o, i) * 0.02 for o, i in shapes]
     buffer = cpu_quant_gemm.DequantBuffer(max(w.numel() for w in dense))
     codes = {m: [quantize_weight(w, m) for w in dense] for m in ("int8", "fp8")}
-    variants = {"bf16 oneDNN": [cpu_gemm.PackedLinear(w.bfloat16(), None) for w in dense],
+    name = "bf16" if dtype == torch.bfloat16 else "fp32"
+    variants = {f"{name} oneDNN": [cpu_gemm.PackedLinear(w.to(dtype), None) for w in dense],
                 **{f"{m} engine": [cpu_quant_gemm.QuantizedCpuLinear(q, sc, None, buffer)
                                    for q, sc in codes[m]] for m in codes},
                 "int8 _weight_int8pack_mm": [
-                    (lambda x, q=q, sc=sc[:, 0].bfloat16(): torch._weight_int8pack_mm(x, q, sc))
+                    (lambda x, q=q, sc=sc[:, 0].to(dtype): torch._weight_int8pack_mm(x, q, sc))
                     for q, sc in codes["int8"]]}
-    print(f"\nOne pass over llama-120m's linears, bf16 activations, ms (median of {rounds} rounds)")
+    print(f"\nOne pass over llama-120m's linears, {name} activations, ms (median of {rounds} rounds)")
     print("| rows | " + " | ".join(variants) + " |\n|---|" + "---|" * len(variants))
     for rows in batches:
-        seconds = {name: [] for name in variants}
+        seconds = {v: [] for v in variants}
         for _ in range(rounds):
-            for name, mods in variants.items():
-                seconds[name].append(gemv_pass(mods, shapes, torch.bfloat16, max(3, 200 // rows), rows))
+            for v, mods in variants.items():
+                seconds[v].append(gemv_pass(mods, shapes, dtype, max(3, 200 // rows), rows))
         print(f"| {rows} | " + " | ".join(f"{statistics.median(t) * 1e3:.1f}" for t in seconds.values())
               + " |", flush=True)
 
@@ -188,7 +189,8 @@ def main(argv=None) -> None:
     with torch.inference_mode():
         bandwidth = gemv_table(args.rounds)
         if args.batches:
-            batch_table([int(b) for b in args.batches.split(",")], args.rounds)
+            for dtype in (torch.bfloat16, torch.float32):
+                batch_table([int(b) for b in args.batches.split(",")], args.rounds, dtype)
     for model in filter(None, args.models.split(",")):
         decode_table(model, args.tokens, args.rounds, bandwidth)
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")

@@ -5,12 +5,12 @@ float8_e4m3fn codes (out, in), and `weight_scale`, fp32 (out, groups)) computes,
 F.linear on its weight dequantized afresh each call. Where the C++ ops build, `pack_quantized`
 swaps each for a QuantizedCpuLinear:
 
-- up to GEMV_ROWS rows (decode at small batch, a speculative verify) run the GEMV of
-  cpu_quant_gemv.cpp, which reads
+- one or two rows, and up to GEMV_ROWS (decode at small batch, a speculative verify) where torch's
+  int8 matmul does not take them, run the GEMV of cpu_quant_gemv.cpp, which reads
   the codes and scales directly: a byte per weight, the point of quantizing (benchmarks/
   quantization.py measures its weight-read rate against a float GEMV's);
-- up to INT8PACK_ROWS rows of int8 codes with one scale per channel run torch's weight-only int8
-  matmul (torch._weight_int8pack_mm, the scales in the activations' dtype);
+- 3 to INT8PACK_ROWS rows of bf16 activations over int8 codes with one scale per channel run
+  torch's weight-only int8 matmul (torch._weight_int8pack_mm, the scales in bf16);
 - more rows, and fp8 or grouped codes, dequantize the layer into one buffer the model's layers
   share (the largest layer's size, allocated once), then run F.linear on it: a prefill chunk's
   matmul does enough arithmetic per weight that the extra pass over the weight costs little.
@@ -28,8 +28,10 @@ from torch import nn
 from nanoserve.kernels.cpu_gemm import GEMV_ROWS  # the float GEMV's bound: a verify row stays a GEMV row
 from nanoserve.kernels.quantization import quantized_linear
 
-# int8 codes with a scale per channel: up to this many rows run torch's weight-only int8 matmul, which
-# reads the codes as they are; more dequantize into the buffer (benchmarks/quantization.py, rows table)
+# int8 codes with a scale per channel and bf16 activations: from 3 up to this many rows run torch's
+# weight-only int8 matmul, which reads the codes as they are; fp32 activations never do (its fp32
+# kernel is many times slower than the GEMV or a dequantized matmul), nor do more rows
+# (benchmarks/quantization.py, rows tables)
 INT8PACK_ROWS = 64
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -79,12 +81,13 @@ class QuantizedCpuLinear(nn.Module):
         if x.dtype not in ACTIVATION_DTYPES or (self.bias is not None and self.bias.dtype != x.dtype):
             return quantized_linear(x, self.qweight, self.weight_scale, self.bias)
         rows = x.numel() // x.shape[-1]
-        if rows <= GEMV_ROWS:
+        int8pack = self.int8pack and x.dtype == torch.bfloat16 and rows <= INT8PACK_ROWS
+        if rows <= 2 or (rows <= GEMV_ROWS and not int8pack):
             y = x.new_empty(rows, self.out_features)
             torch.ops.nanoserve_cpu.quant_gemv(y, x.reshape(rows, -1).contiguous(), self.qweight,
                                                self.weight_scale, self.bias)
             return y.view(*x.shape[:-1], self.out_features)
-        if self.int8pack and rows <= INT8PACK_ROWS:
+        if int8pack:
             scale = self.scales.get(x.dtype)
             if scale is None:
                 scale = self.scales[x.dtype] = self.weight_scale[:, 0].to(x.dtype)

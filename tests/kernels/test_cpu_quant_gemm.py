@@ -112,6 +112,27 @@ def test_a_gemv_row_does_not_depend_on_the_rows_beside_it(method, group, dtype):
         assert torch.equal(y, alone[:m]), m
 
 
+@pytest.mark.parametrize("dtype,rows,want", [
+    (torch.bfloat16, 1, "gemv"), (torch.bfloat16, 2, "gemv"), (torch.bfloat16, 3, "int8pack"),
+    (torch.bfloat16, 64, "int8pack"), (torch.bfloat16, 65, "dequantize"), (torch.float32, 1, "gemv"),
+    (torch.float32, 8, "gemv"), (torch.float32, 9, "dequantize")])
+def test_each_batch_goes_to_its_kernel(dtype, rows, want, monkeypatch):
+    """int8 per channel: the GEMV for 1-2 rows; then torch's int8 matmul for bf16 activations (its
+    fp32 kernel is slow) up to INT8PACK_ROWS; fp32 keeps the GEMV to GEMV_ROWS, then dequantizes."""
+    q, s, _ = make(48, 64, "int8", None, dtype, False, 1)
+    layer = cpu_quant_gemm.QuantizedCpuLinear(q, s, None, cpu_quant_gemm.DequantBuffer(q.numel()))
+    calls = []
+    for name, ns in (("gemv", torch.ops.nanoserve_cpu), ("dequantize", torch.ops.nanoserve_cpu)):
+        op = "quant_gemv" if name == "gemv" else "quant_dequantize"
+        real = getattr(ns, op)
+        monkeypatch.setattr(ns, op, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    real_mm = torch._weight_int8pack_mm
+    monkeypatch.setattr(torch, "_weight_int8pack_mm", lambda *a: calls.append("int8pack") or real_mm(*a))
+    x = torch.randn(rows, 64).to(dtype)
+    ok, err = within(layer(x), x, q, s, None)
+    assert calls == [want] and ok, (calls, err)
+
+
 def engine_layers(llm):
     return [m for m in llm.engine.model.modules() if hasattr(m, "qweight")]
 
