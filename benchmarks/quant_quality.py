@@ -70,8 +70,8 @@ def logit_table(windows: int, window: int, with_generations: bool) -> None:
 
 
 def generations(llms) -> None:
+    from nanoserve.engine.chat_template import load_chat_template
     from nanoserve.model import fetch
-    from nanoserve.serve.chat_template import load_chat_template
     template = load_chat_template(fetch.fetch_named("smollm2-135m"))
     params = SamplingParams(max_tokens=40, temperature=0)
     print("\nGreedy generations, smollm2-135m (chat template), 40 tokens")

@@ -50,8 +50,8 @@ def prompts(llm: LLM, task: str, n: int, instruction: bool, chat: bool = False) 
     if chat:
         from nanoserve.course.experiments.speculative import task_prompts
         from nanoserve.course.scenarios.chat import ChatModel
+        from nanoserve.engine.chat_template import load_chat_template
         from nanoserve.model.loader import resolve_model_path
-        from nanoserve.serve.chat_template import load_chat_template
         template = load_chat_template(resolve_model_path(llm.engine.model_name))
         return task_prompts(ChatModel(llm, template, llm.engine.model_name),
                             "quote-back" if task == "quote-back" else "free", n)

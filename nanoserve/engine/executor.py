@@ -45,6 +45,7 @@ class Executor(abc.ABC):
     dtype = None  # torch dtype (a real model) or dtype name (a cost model)
     tokenizer = None
     model_name: str | None = None  # what it was loaded from ("preset:tiny", a folder's name)
+    model_path: str | None = None  # the checkpoint folder (its tokenizer and chat template), if any
     kv_connector = None  # the worker side of a KV connector (kv_connector.py), once set up
 
     @abc.abstractmethod

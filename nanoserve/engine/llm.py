@@ -1,8 +1,9 @@
-"""LLM: offline batch inference over an LLMEngine (`generate`, `stream`), as vLLM's LLM class."""
+"""LLM: offline batch inference over an LLMEngine (`generate`, `stream`, `chat`), as vLLM's LLM class."""
 
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Iterable, Iterator
 
 from nanoserve.config import EngineConfig, ModelConfig
@@ -13,7 +14,7 @@ from nanoserve.sampling_params import SamplingParams
 
 
 class LLM:
-    """Offline batch inference over an LLMEngine: `generate` and `stream`."""
+    """Offline batch inference over an LLMEngine: `generate`, `stream` and `chat`."""
 
     def __init__(self, model: str | ModelConfig | None = None, device: str | None = None,
                  dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
@@ -65,6 +66,27 @@ class LLM:
         if bar is not None:
             bar.close()
         return [final[i] for i in ids]
+
+    def chat(self, messages, params: SamplingParams | list[SamplingParams] | None = None,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role", "content"} dicts) or a list of
+        them, each rendered with the model's chat template (or `chat_template`: a file or the
+        template's text) and tokenized without special tokens (the template writes them), as the
+        server's /v1/chat/completions does; then `generate`. -> one output per conversation."""
+        from nanoserve.engine.chat_template import load_chat_template
+        from nanoserve.model import DEMO_MODEL_DIR
+        path, tokenizer = self.engine.model_path, self.tokenizer
+        demo = path is not None and os.path.realpath(path) == os.path.realpath(DEMO_MODEL_DIR)
+        template = load_chat_template(path, chat_template, demo=demo)
+        if template is None or tokenizer is None:
+            raise InvalidRequest("chat_template", f"model {self.engine.model_name!r} has no chat "
+                                                  "template and tokenizer; pass chat_template= or "
+                                                  "use generate()")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [tokenizer.encode(template.render(list(c), add_generation_prompt), add_special_tokens=False)
+                   for c in conversations]
+        return self.generate(prompts, params, use_tqdm)
 
     def _check_progress(self) -> None:
         """A step that scheduled nothing while arrived requests wait can only repeat forever."""

@@ -167,6 +167,11 @@ class LLMEngine:
         return self.executor.model_name
 
     @property
+    def model_path(self) -> str | None:
+        """The checkpoint folder the model was loaded from (None: a preset or a cost model)."""
+        return self.executor.model_path
+
+    @property
     def finished_kv_transfer_params(self) -> dict[str, dict]:
         """{request_id: kv_transfer_params} of hand-offs finished by the last step() (a prefill
         instance's answer to do_remote_decode: what the decode instance needs)."""

@@ -174,6 +174,7 @@ class ModelRunner(Executor):
         runner = cls(net, mcfg, config, device, dtype, num_blocks, seed, tokenizer)
         if isinstance(model, str):
             runner.model_name = os.path.basename(os.path.normpath(model)) if folder else model
+        runner.model_path = folder
         return runner
 
     def compile_or_warm_up_model(self, config: EngineConfig) -> None:

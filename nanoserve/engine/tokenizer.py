@@ -12,8 +12,9 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
         self.tok = HFTokenizer.from_file(path)
 
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """add_special_tokens=False for text that writes its own (a rendered chat template)."""
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from nanoserve import cli
 from nanoserve.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, EngineConfig
 from nanoserve.engine import LLMEngine
+from nanoserve.engine.chat_template import load_chat_template
 from nanoserve.engine.model_runner import default_model
 from nanoserve.model import DEMO_MODEL_DIR, DEMO_MODEL_NAME
 from nanoserve.model.fetch import is_fetchable
@@ -38,7 +39,6 @@ from nanoserve.model.loader import resolve_model_path
 from nanoserve.sampling_params import SamplingParams
 from nanoserve.serve.app import build_app
 from nanoserve.serve.async_engine import AsyncEngine
-from nanoserve.serve.chat_template import load_chat_template
 from nanoserve.serve.launch import bind_cpus, is_loopback
 from nanoserve.serve.metrics import ServerMetrics
 from nanoserve.serve.serving import OpenAIServing

@@ -32,7 +32,6 @@ from nanoserve.engine.kv_connector import release_kv_transfer
 from nanoserve.sampling_params import SamplingParams
 from nanoserve.serve import protocol as p
 from nanoserve.serve.async_engine import AsyncEngine, EngineStopped, ServerBusy
-from nanoserve.serve.chat_template import message_dicts
 from nanoserve.serve.text_stream import TextStream, ids_as_text
 
 
@@ -230,3 +229,21 @@ async def _sse(serving, stream, text, rid, created, model, n_prompt, chat, inclu
     finally:
         stream.close()
     yield "data: [DONE]\n\n"
+
+
+def message_dicts(messages) -> list[dict]:
+    """ChatMessage models -> the dicts a template reads; content parts are joined (text only)."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            kinds = {p.get("type") for p in content}
+            if kinds - {"text"}:
+                raise ValueError(f"messages[{i}].content has parts of type {sorted(kinds - {'text'})}; "
+                                 "this server reads text only")
+            content = "".join(p.get("text", "") for p in content)
+        d = {"role": m.role, "content": content or ""}
+        if m.name:
+            d["name"] = m.name
+        out.append(d)
+    return out

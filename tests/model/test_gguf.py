@@ -158,7 +158,7 @@ def test_serve_a_gguf_uses_its_chat_template(files):
     import httpx
     from tokenizers import Tokenizer
 
-    from nanoserve.serve.chat_template import ChatTemplate
+    from nanoserve.engine.chat_template import ChatTemplate
     from nanoserve.serve.launch import ServerProcess
     path = files["Q8_0"]
     srv = ServerProcess(path, "--num-kv-blocks", "64", "--uvicorn-log-level", "warning",

@@ -13,8 +13,8 @@ import torch
 
 from nanoserve import LLM, SamplingParams
 from nanoserve.config import EngineConfig
+from nanoserve.engine.chat_template import load_chat_template
 from nanoserve.model import fetch
-from nanoserve.serve.chat_template import load_chat_template
 
 pytestmark = pytest.mark.slow
 NAME = "smollm2-135m"
@@ -96,6 +96,21 @@ def test_chat_template_equals_transformers(folder):
             assert text == hf.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
             assert tok.encode(text) == hf(text)["input_ids"]
     assert "You are a helpful AI assistant named SmolLM" in ours.render(CHATS[1])  # its default system
+
+
+def test_llm_chat_is_transformers_chat_template_then_generate(folder, hf_model):
+    """LLM.chat renders each conversation as transformers' apply_chat_template tokenizes it, and its
+    greedy tokens are HF's."""
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(folder)
+    llm = LLM(folder, "cpu", "float32", config=EngineConfig(num_kv_blocks=64))
+    outs = llm.chat(CHATS, GREEDY)
+    want = [hf.apply_chat_template(c, add_generation_prompt=True, tokenize=True) for c in CHATS]
+    want = [w["input_ids"] if isinstance(w, dict) or hasattr(w, "keys") else w for w in want]
+    assert [o.prompt_token_ids for o in outs] == [list(w) for w in want]
+    assert_hf_greedy(hf_model, [list(w) for w in want], [o.token_ids for o in outs])
+    one = llm.chat(CHATS[0], GREEDY)  # one conversation: one output
+    assert len(one) == 1 and one[0].token_ids == outs[0].token_ids
 
 
 def test_the_converted_folder_loads_without_gguf_or_network(folder, tmp_path, monkeypatch):

@@ -8,8 +8,8 @@ import openai
 import pytest
 
 from nanoserve import LLM, EngineConfig, SamplingParams
+from nanoserve.engine.chat_template import load_chat_template
 from nanoserve.model import DEMO_MODEL_DIR
-from nanoserve.serve.chat_template import load_chat_template
 from tests.serve.conftest import sse_events
 
 PROMPTS = ["<|endoftext|>ACT I.\n\nSCENE I. A room in the palace.\n\nKING.\n",

@@ -26,6 +26,7 @@ from nanoserve.config import EngineConfig
 from nanoserve.course.scenarios.prefix import shared_prompt_demo
 from nanoserve.course.setup import Table, engine_of, quick_mode
 from nanoserve.engine import LLM
+from nanoserve.engine.chat_template import ChatTemplate, load_chat_template
 from nanoserve.measure.workload import (
     Workload,
     WorkloadRequest,
@@ -36,7 +37,6 @@ from nanoserve.measure.workload import (
 from nanoserve.model import DEMO_MODEL_DIR
 from nanoserve.model.loader import resolve_model_path
 from nanoserve.sampling_params import SamplingParams
-from nanoserve.serve.chat_template import ChatTemplate, load_chat_template
 from nanoserve.serve.launch import ServerProcess
 
 REAL_MODEL = "smollm2-135m"

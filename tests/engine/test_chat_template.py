@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from nanoserve.serve.chat_template import load_chat_template
+from nanoserve.engine.chat_template import load_chat_template
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -48,3 +48,26 @@ def test_demo_template_writes_speeches():
                     {"role": "user", "name": "Lady Macbeth", "content": "Out, spot!"}])
     assert got == ("USER.\nGood morrow.\n\nASSISTANT.\nAnd to you.\n\nLADY MACBETH.\nOut, spot!\n\n"
                    "ASSISTANT.\n")
+
+
+def test_llm_chat_renders_the_demo_template_and_generates():
+    """LLM.chat on the demo model: its play-format template, tokenized without special tokens
+    (the template writes BOS), then generate; a list of conversations gives one output each; a
+    model with no template and no tokenizer is refused by name."""
+    from nanoserve import LLM, SamplingParams
+    from nanoserve.errors import InvalidRequest
+    from nanoserve.model import DEMO_MODEL_DIR
+    llm = LLM()
+    template = load_chat_template(DEMO_MODEL_DIR, demo=True)
+    chats = [[{"role": "user", "content": "Who art thou?"}],
+             [{"role": "system", "content": "A street."},
+              {"role": "user", "name": "Romeo", "content": "Peace!"}]]
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    outs = llm.chat(chats, params)
+    for c, o in zip(chats, outs):
+        assert o.prompt_token_ids == llm.tokenizer.encode(template.render(c), add_special_tokens=False)
+        assert o.token_ids == llm.generate([o.prompt_token_ids], params)[0].token_ids
+    assert "ROMEO.\nPeace!" in llm.tokenizer.decode(outs[1].prompt_token_ids)
+    assert len(llm.chat(chats[0], params)) == 1
+    with pytest.raises(InvalidRequest, match="chat_template"):
+        LLM("preset:tiny").chat(chats[0], params)

@@ -4,7 +4,8 @@ A checkpoint's template is `chat_template` in tokenizer_config.json (or a chat_t
 file beside it); `--chat-template` overrides it. It is rendered in a sandboxed Jinja environment
 with transformers' settings (trim_blocks, lstrip_blocks, `raise_exception`, `tojson`) and the
 variables templates expect (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`), then
-tokenized without adding special tokens (the template writes them), as vLLM does.
+tokenized without adding special tokens (the template writes them), as vLLM does. `LLM.chat` and
+the server's /v1/chat/completions both render with it.
 
 The embedded demo model was trained on plays, not chats, so it gets DEMO_TEMPLATE: each message
 is written the way the plays write a speech (`SPEAKER.` on its own line, then the words, then a
@@ -79,21 +80,3 @@ def load_chat_template(folder: str | None, override: str | None = None,
     if not source:
         return None
     return ChatTemplate(source, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")))
-
-
-def message_dicts(messages) -> list[dict]:
-    """ChatMessage models -> the dicts a template reads; content parts are joined (text only)."""
-    out = []
-    for i, m in enumerate(messages):
-        content = m.content
-        if isinstance(content, list):
-            kinds = {p.get("type") for p in content}
-            if kinds - {"text"}:
-                raise ValueError(f"messages[{i}].content has parts of type {sorted(kinds - {'text'})}; "
-                                 "this server reads text only")
-            content = "".join(p.get("text", "") for p in content)
-        d = {"role": m.role, "content": content or ""}
-        if m.name:
-            d["name"] = m.name
-        out.append(d)
-    return out
