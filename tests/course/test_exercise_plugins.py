@@ -3,6 +3,8 @@ runs scheduled by an ex05 ChunkedScheduler, lesson 06's shared-prefix workload s
 PrefixCachingBlockPool through the engine's kv_manager_cls; the untouched skeletons fall back to
 the engine's pieces with a note. The "student" here is solutions/ (what a finished exercise is)."""
 
+import importlib.util
+
 import pytest
 
 from nanoserve import LLM, EngineConfig
@@ -89,3 +91,14 @@ def test_pool_manager_grows_requests_and_frees_every_block():
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]  # grown past the prompts, preempted
     kv = llm.engine.kv_manager
     assert kv.num_free_blocks == 12 and not kv.covered and not kv.req_to_blocks
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="ex08 needs triton")
+def test_an_unwritten_ex08_says_so_and_no_engine_step_fails(capsys, caplog):
+    """Lesson 03's ex08 cell with the skeleton: the learner's rms_norm is tried on its own first, so
+    the note says it is not written yet, and no engine step fails with a logged traceback (which
+    the lesson would show as an error, with a misleading "changed its greedy tokens ([])")."""
+    with caplog.at_level("ERROR", logger="nanoserve"):
+        assert plugins.learner_kernels() == []
+    assert "not written yet" in capsys.readouterr().out
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -64,7 +64,7 @@ def speculation_explorer(grid: dict, label: str):
     ks = sorted({k for _, _, k in grid})
     task = W.ToggleButtons(options=tasks, value=tasks[0], description="task")
     batch = W.ToggleButtons(options=batches, value=batches[0], description="batch")
-    k = W.SelectionSlider(options=ks, value=ks[len(ks) // 2], description="k",
+    k = W.SelectionSlider(options=ks, value=ks[(len(ks) - 1) // 2], description="k",  # room to move right
                           layout=W.Layout(width="50%"))
     out = W.Output()
 
