@@ -29,6 +29,10 @@ def get_axes(ax, size=(8, 4)):
     return ax
 
 
+def _threads(n: int) -> str:
+    return f" ({n} thread{'' if n == 1 else 's'})"
+
+
 def device_label(x) -> str:
     """What a measurement ran on, for figure titles: 'measured on <device> (<threads>), <dtype>,
     <model>' for an LLM or engine (model: its name, or its parameter count); 'measured on
@@ -38,11 +42,11 @@ def device_label(x) -> str:
     if hasattr(x, "device_label"):  # a BenchResult
         return x.device_label
     if hasattr(x, "peak_flops"):  # DeviceCeilings
-        threads = f" ({x.num_threads} threads)" if x.device == "cpu" else ""
+        threads = _threads(x.num_threads) if x.device == "cpu" else ""
         return f"measured on {x.device_name}{threads}"
     engine = engine_of(x)
     dev = torch.device(engine.device)
-    threads = f" ({torch.get_num_threads()} threads)" if dev.type == "cpu" else ""
+    threads = _threads(torch.get_num_threads()) if dev.type == "cpu" else ""
     name = engine.model_name or f"{engine.model_config.num_params() / 1e6:.0f}M-param model"
     return f"measured on {device_name(dev)}{threads}, {dtype_name(engine.dtype)}, {name}"
 

@@ -263,7 +263,7 @@ def compare_policies(llm, workload: Workload, max_num_seqs: int,
         engine = fresh_engine(llm, enable_prefix_caching=False, max_num_seqs=max_num_seqs,
                               scheduling_policy=policy)
         results[policy] = bench.replay(engine, workload, progress=progress,
-                                       label=f"{policy} batching, measured on {bench.device_label(engine)}")
+                                       label=f"{policy} batching, {bench.device_label(engine)}")
     return results
 
 
