@@ -75,6 +75,7 @@ def main(argv=None) -> int:
             continue
         took = time.perf_counter() - start
         widgets = lessons.static_widgets(nb)
+        lessons.split_title_slide(nb)
         html, _ = export.from_notebook_node(nb, resources={"metadata": {"name": path.stem}})
         deck = out_dir / f"{path.stem}.slides.html"
         deck.write_text(html, encoding="utf-8")

@@ -42,9 +42,9 @@ def plot_phase_steps(run, label, ax=None):
 
 
 def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=None):
-    """Left: measured prefill times with the fit split into its linear and quadratic parts
-    (reference: (label, [(length, seconds)]) of another machine, grey squares). Right: the same
-    on log axes, the fit carried out to `extrapolate_to` tokens (dashed)."""
+    """Left: measured prefill times with the fit split into its linear and quadratic parts. Right:
+    the same on log axes, the fit carried out to `extrapolate_to` tokens (dashed), and
+    reference: (label, [(length, seconds)]) of another machine as grey squares."""
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     L = np.array([p.length for p in points])
@@ -58,11 +58,9 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=
                    label="fit: quadratic part (attention)")
     a.errorbar(L, t, yerr=[lo, hi], fmt="ko", ms=4, capsize=2, label="measured (median, min-max)")
     mark_outliers(a, L, t)
-    if reference is not None:
-        a.plot(*zip(*reference[1]), "s", color="0.6", ms=4, label=f"reference: {reference[0]}")
     a.set_xlabel("prompt length (tokens)")
     a.set_ylabel("prefill time (s)")
-    a.legend(fontsize=8)
+    a.legend(fontsize=8, loc="upper left")  # the times rise to the right
     a.grid(True, alpha=0.3)
     _titled(a, "Prefill time against prompt length", label)
     xs = np.logspace(np.log10(L.min()), np.log10(max(extrapolate_to, L.max())), 200)
@@ -71,13 +69,15 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=
     b.loglog(xs[~inside], fit.predict(xs[~inside]), "k--", label="fit, extrapolated")
     b.loglog(xs, fit.fixed + fit.per_token * xs, color="tab:green", lw=1, label="linear part alone")
     b.loglog(L, t, "ko", ms=4, label="measured")
+    if reference is not None:  # here, not on the left: on log axes a faster or slower machine fits
+        b.loglog(*zip(*reference[1]), "s", color="0.6", ms=4, label=f"reference: {reference[0]}")
     for n, offset, va in ((300, (-8, 6), "bottom"), (extrapolate_to, (-8, -4), "top")):
         b.plot([n], [fit.predict(n)], "s", color="tab:red", ms=6)
         b.annotate(f"{n} tokens: {float(fit.predict(n)):.3g} s", (n, fit.predict(n)),
                    textcoords="offset points", xytext=offset, ha="right", va=va, fontsize=8)
     b.set_xlabel("prompt length (tokens, log scale)")
     b.set_ylabel("prefill time (s, log scale)")
-    b.legend(fontsize=8, loc="upper left")
+    b.legend(fontsize=8, loc="lower right")  # the curves leave that corner empty
     b.grid(True, which="both", alpha=0.3)
     _titled(b, f"Fitted, carried out to {extrapolate_to} tokens (dashed: modelled)", label)
     return fig
@@ -142,20 +142,25 @@ def plot_block_map(run, label, ax=None):
     rows = int(np.ceil(n / cols))
     ax = get_axes(ax, (9, max(2.0, 0.35 * rows + 1.2)))
     cmap = plt.get_cmap("tab20")
+    # a number fills about half its cell; below 7 points it cannot be read, so colour alone tells
+    size = 0.5 * 72 * min(ax.figure.get_figwidth() / cols, 0.35)
+    numbered = size >= 7
     for b in range(n):
         r, c = divmod(b, cols)
         ax.add_patch(plt.Rectangle((c, -r), 0.95, -0.9, fill=False, lw=0.3, color="grey"))
         if b in owner:
             i, fill = owner[b]
             ax.add_patch(plt.Rectangle((c, -r), 0.95 * fill, -0.9, color=cmap(i % 20)))
-            ax.text(c + 0.47, -r - 0.45, str(i), ha="center", va="center", fontsize=6)
+            if numbered:
+                ax.text(c + 0.47, -r - 0.45, str(i), ha="center", va="center", fontsize=min(size, 10))
     ax.set_xlim(0, cols)
     ax.set_ylim(-rows, 0.1)
     ax.set_xticks([])
     ax.set_yticks([])
-    ax.set_xlabel(f"block id, row by row ({cols} per row); number and colour: the request owning it; "
-                  f"fill: tokens held out of {run.block_size}", fontsize=8)
-    ax.set_ylabel(f"blocks {cols} x row ... {cols} x row + {cols - 1}", fontsize=8)
+    owner_key = "number and colour" if numbered else "colour"
+    ax.set_xlabel(f"block id, row by row ({cols} per row); {owner_key}: the request owning it; "
+                  f"fill: tokens held out of {run.block_size}", fontsize=9)
+    ax.set_ylabel(f"blocks {cols} x row ... {cols} x row + {cols - 1}", fontsize=9)
     _titled(ax, f"The block pool at the fullest step ({len(run.snapshot)} running requests)", label)
     return ax.figure
 
@@ -239,15 +244,22 @@ def plot_decode_context(points, floors, label, ax=None, reference=None):
                 color=DECODE_COLOR, label="measured decode step (median, min-max over repeats)")
     ax.plot(ctx, [1e3 * f for f in floors], "k--",
             label="roofline floor: bytes / bandwidth (modelled from the measured ceiling)")
-    mark_outliers(ax, ctx, [1e3 * p.step_seconds for p in points])
+    own = [1e3 * p.step_seconds for p in points] + [1e3 * f for f in floors]
+    mark_outliers(ax, ctx, own[:len(points)])
+    log_y = False
     if reference is not None:
-        ax.plot([c for c, _ in reference[1]], [1e3 * s for _, s in reference[1]], "s:", color="0.6", ms=4,
-                label=f"reference: {reference[0]}")
+        ref = [1e3 * s for _, s in reference[1]]
+        ax.plot([c for c, _ in reference[1]], ref, "s:", color="0.6", ms=4, label=f"reference: {reference[0]}")
+        # another machine several times slower or faster would squash this one's curve flat
+        log_y = max(ref) > 3 * max(own) or min(ref) < min(own) / 3
     ax.set_xscale("log", base=2)
-    ax.set_ylim(0, None)
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(0, None)
     ax.set_xlabel("context length (tokens in the KV cache, log scale)")
-    ax.set_ylabel("decode step time (ms)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_ylabel("decode step time (ms" + (", log scale)" if log_y else ")"))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, frameon=False)
     ax.grid(True, which="both", alpha=0.3)
     _titled(ax, "Decode at batch 1 against context length", label)
     return ax.figure

@@ -9,6 +9,12 @@ from nanoserve.course.annotate import titled as _titled
 from nanoserve.measure.figures import device_label, get_axes, plot_timeline
 
 
+def _device(results: dict) -> str:
+    """The device line the runs share: each run's own label starts with its policy's name."""
+    label = device_label(next(iter(results.values())))
+    return label[label.find("measured on"):] if "measured on" in label else label
+
+
 def plot_timelines(results: dict):
     """plot_timeline of each result (e.g. each scheduling policy) stacked on one time axis."""
     import matplotlib.pyplot as plt
@@ -42,8 +48,7 @@ def plot_policies(results: dict):
         ax.set_xlabel("scheduling policy")
         ax.grid(True, axis="y", alpha=0.3)
     first = next(iter(results.values()))
-    fig.suptitle(f"{first.workload.name}, served {len(names)} ways\n"
-                 f"{device_label(first)}", fontsize=10)
+    fig.suptitle(f"{first.workload.name}, served {len(names)} ways\n{_device(results)}", fontsize=10)
     return fig
 
 
@@ -59,6 +64,5 @@ def plot_batch_occupancy(results: dict, ax=None):
     ax.set_ylabel("sequences in the step")
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
-    first = next(iter(results.values()))
-    _titled(ax, "How full the batch is", first)
+    _titled(ax, "How full the batch is", _device(results))
     return ax.figure

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nanoserve.course.setup import slo_text
 from nanoserve.measure.figures import MEASURED_COLOR, MODELLED_COLOR
+from nanoserve.measure.metrics import parse_slo
 
 
 def plot_weight_formats(rows: Sequence, device: str, ax=None):
@@ -21,8 +23,9 @@ def plot_weight_formats(rows: Sequence, device: str, ax=None):
     for i, r in enumerate(rows):
         ax.text(i - 0.2, 1e3 * r.itl_s, f"{r.share_of_floor:.0%}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), [r.weight_format for r in rows])
+    ax.set_xlabel("weight format (the 8-bit ones: bf16 activations)")
     ax.set_ylabel("batch-1 decode step (ms)")
-    ax.set_title(f"Fewer bytes per weight: {device}", fontsize=10)
+    ax.set_title(f"Fewer bytes per weight\n{device}", fontsize=10)
     ax.legend(fontsize=8)
     return ax
 
@@ -38,12 +41,14 @@ def plot_kv_dtype(capacity_rows: Sequence, runs: Sequence, slo: str, device: str
     ax.bar(names, [r.num_kv_blocks for r in capacity_rows], color=MEASURED_COLOR)
     for i, r in enumerate(capacity_rows):
         ax.text(i, r.num_kv_blocks, f"max batch {r.max_batch}", ha="center", va="bottom", fontsize=8)
+    ax.set_xlabel("kv_cache_dtype")
     ax.set_ylabel("KV blocks in the same memory")
     ax.set_title("Capacity", fontsize=10)
     bx.bar([r.kv_cache_dtype for r in runs], [r.goodput for r in runs], color=MEASURED_COLOR)
     for i, r in enumerate(runs):
         bx.text(i, r.goodput, f"{r.attainment:.0%} in SLO, {r.max_running} running", ha="center",
                 va="bottom", fontsize=8)
-    bx.set_ylabel(f"goodput (req/s, {slo})")
-    bx.set_title(f"Goodput at a fixed SLO: {device}", fontsize=10)
+    bx.set_xlabel("kv_cache_dtype")
+    bx.set_ylabel("goodput (req/s)")
+    bx.set_title(f"Goodput within {slo_text(parse_slo(slo))}\n{device}", fontsize=10)
     return axes

@@ -182,3 +182,20 @@ def static_widgets(nb) -> int:
         cell.outputs = outputs
     nb.metadata.pop("widgets", None)
     return replaced
+
+
+def split_title_slide(nb) -> None:
+    """A deck's title slide shows the lesson's title and its question; the rest of the first
+    cell (what the lesson does, in a notebook read above the first measurement) goes on a slide
+    of its own beneath it, with the title's speaker notes on both."""
+    import copy
+    first = nb.cells[0]
+    paragraphs = first.source.split("\n\n")
+    ask = next((i for i, p in enumerate(paragraphs) if p.startswith("**The question:**")), None)
+    if ask is None or ask + 1 == len(paragraphs):
+        return
+    rest = copy.deepcopy(first)
+    first.source, rest.source = "\n\n".join(paragraphs[:ask + 1]), "\n\n".join(paragraphs[ask + 1:])
+    rest.metadata["slideshow"] = {"slide_type": "subslide"}
+    notes = next((c for c in nb.cells[1:] if c.metadata.get("slideshow", {}).get("slide_type") == "notes"), None)
+    nb.cells[1:1] = [rest] if notes is None else [copy.deepcopy(notes), rest]

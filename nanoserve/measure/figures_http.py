@@ -19,7 +19,8 @@ def plot_latency_vs_rate(sweep, label: str, axes=None):
     import matplotlib.pyplot as plt
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    ms = [res.metrics() for _, res in sweep]
+    # joined in order of achieved rate: near capacity it need not rise with the offered rate
+    ms = sorted((res.metrics() for _, res in sweep), key=lambda m: m.request_throughput)
     rates = [m.request_throughput for m in ms]
     for ax, name, color in ((axes[0], "ttft", PREFILL_COLOR), (axes[1], "itl", DECODE_COLOR)):
         ax.plot(rates, [1e3 * getattr(m, name).median for m in ms], "o-", color=color, label="median")

@@ -220,14 +220,15 @@ def plot_roofline(ceilings: DeviceCeilings, dtype: str | torch.dtype,
     ax.axhline(peak / 1e9, color="tab:red", ls="--", lw=1,
                label=f"compute: {peak / 1e9:.0f} GFLOP/s ({name} matmul)")
     ax.axvline(ridge, color="grey", ls=":", lw=1)
+    # left of the ridge: the points of a batch sweep crowd its right
     ax.annotate(f"ridge {ridge:.1f} FLOP/B", (ridge, peak / 1e9), textcoords="offset points",
-                xytext=(5, -15), fontsize=9, color="grey")
+                xytext=(-5, -15), ha="right", fontsize=9, color="grey")
     for label, intensity, achieved in points:
         ax.plot(intensity, achieved / 1e9, "o")
         ax.annotate(label, (intensity, achieved / 1e9), textcoords="offset points",
                     xytext=(5, 4), fontsize=9)
-    threads = f", {ceilings.num_threads} threads" if ceilings.device == "cpu" else ""
-    ax.set_title(f"Roofline ({name}), measured on {ceilings.device_name}{threads}")
+    from nanoserve.measure.figures import device_label
+    ax.set_title(f"Roofline ({name}), {device_label(ceilings)}")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("attainable performance (GFLOP/s)")
     ax.legend(loc="lower right", fontsize=8)

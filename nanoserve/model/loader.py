@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
-import sys
 import time
 
 import torch
@@ -33,6 +33,8 @@ from nanoserve.model.quantization import (
     quantize_after_loading,
 )
 from nanoserve.presets import preset_config
+
+log = logging.getLogger("nanoserve.model")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEMO_MODEL_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "demo-model")
@@ -177,8 +179,7 @@ def load_model(model: str | ModelConfig, device="cpu", dtype="float32", seed: in
     net = net.to(device=device, dtype=torch_dtype).eval()
     net.cos_sin_cache = net.cos_sin_cache.float()  # rotary tables stay fp32 whatever the dtype
     if folder is not None and folder != model:  # converted or downloaded: say from where, how fast
-        print(f"nanoserve: loaded {model} from {folder} in {time.perf_counter() - start:.1f} s",
-              file=sys.stderr)
+        log.info("loaded %s from %s in %.1f s", model, folder, time.perf_counter() - start)
     return net, cfg, folder
 
 

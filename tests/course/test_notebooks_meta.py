@@ -111,3 +111,22 @@ def test_every_slide_has_speaker_notes(nb_path):
         assert re.search(r"\*\*Say\*\* \((\d+) min\)", text) and "**On screen:**" in text, (
             f"{nb_path.name} cell {s}: notes say what to say (**Say** (N min): ...) and what is "
             f"**On screen:**; got {text[:80]!r}")
+
+
+def test_a_decks_title_slide_is_the_title_and_the_question(nb_path):
+    """build_decks splits a first cell that asks a question: the title and the question on the
+    title slide, the rest on a subslide beneath it, and the title's speaker notes on both."""
+    from nanoserve.course.lessons import split_title_slide
+    nb = load(nb_path)
+    first, n = nb.cells[0].source, len(nb.cells)
+    split_title_slide(nb)
+    if "**The question:**" not in first:  # lesson 00: a title and a short paragraph, one slide
+        assert len(nb.cells) == n and nb.cells[0].source == first
+        return
+    title, notes, rest = nb.cells[:3]
+    assert title.source.startswith(f"# {nb_path.name[:2]}") and title.source.rstrip().count("\n\n") == 1
+    assert title.source.split("\n\n")[1].startswith("**The question:**")
+    assert title.source + "\n\n" + rest.source == first
+    assert rest.metadata["slideshow"]["slide_type"] == "subslide"
+    assert notes.metadata["slideshow"]["slide_type"] == "notes" and "**Say**" in notes.source
+    assert len(nb.cells) == n + 2

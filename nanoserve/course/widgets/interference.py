@@ -48,7 +48,7 @@ def plot_budget_tradeoff(runs, ax=None, reference=None):
     course.reference's (label, [(run label, worst ITL ms, p99 ITL ms, median TTFT ms)]) of
     another machine, or a list of them (reference.all_series: every device recorded), each drawn
     in its own grey at the runs of the same label."""
-    ax = get_axes(ax, (7, 3.8))
+    ax = get_axes(ax, (9.5, 3.8))
     runs = _ordered(runs)
     x = np.arange(len(runs))
     spike = [1e3 * r.decoder_itls().max() for r in runs]
@@ -70,7 +70,7 @@ def plot_budget_tradeoff(runs, ax=None, reference=None):
     ax.set_xlabel("token budget per step, max_num_batched_tokens (tokens)")
     ax.set_ylabel("latency (ms, log)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: inside, it hid points
     ax.set_title(f"Chunk size trades TTFT against ITL\n{runs[0].result.device_label}", fontsize=10)
     return ax.figure
 

@@ -138,8 +138,9 @@ def plot_cost_at_slo(runs: dict, evaluations, slo: dict, axes=None):
     ax_t.set_ylabel("TPOT of each request (ms)")
     ax_t.set_ylim(bottom=0)
     ax_t.set_title(f"Each request's TPOT against the limit\n{device}", fontsize=10)
-    ax_c.plot(x, [e.usd_per_1k_requests for e in evaluations], "o-", color="0.6",
-              label="per 1000 requests, SLO ignored")
+    # hollow, wide and dashed: where every request is within the SLO the green line lies on it
+    ax_c.plot(x, [e.usd_per_1k_requests for e in evaluations], "o--", color="0.55", ms=10, mfc="none",
+              lw=2.5, label="per 1000 requests, SLO ignored")
     good = [(xi, e.usd_per_1k_good) for xi, e in zip(x, evaluations) if np.isfinite(e.usd_per_1k_good)]
     ax_c.plot(*zip(*good) if good else ([], []), "s-", color="tab:green",
               label="per 1000 requests within the SLO")

@@ -168,7 +168,6 @@ def plot_dashboard(data: dict, axes, measured: dict | None = None) -> None:
     of ITL (every gap, pooled: no per-request SLO limits it), modelled; measured overlaid.
     Other SLO keys (e2e, itl_p99, ...) count in the goodput of the title but have no panel."""
     p = data["params"]
-    sub = data["label"] + (f"\ndashed: {measured['label']}" if measured is not None else "")
     for ax, (key, name, slo_key, per) in zip(axes, DASHBOARD_PANELS):
         for d, color, ls, kind in ((data, MODELLED_COLOR, "-", "modelled"),
                                    (measured, MEASURED_COLOR, "--", "measured")):
@@ -186,14 +185,16 @@ def plot_dashboard(data: dict, axes, measured: dict | None = None) -> None:
         ax.set_ylabel(f"fraction of {per} at or below")
         ax.set_ylim(0, 1.02)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
-        ax.set_title(f"{name}\n{sub}", fontsize=9)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.set_title(name, fontsize=10)
     title = (f"rate {p['rate']:.2f} req/s, max_num_seqs {p['max_num_seqs']}, "
              f"max_num_batched_tokens {p['max_num_batched_tokens']}: goodput {data['goodput']:.2f} req/s "
              f"({100 * data['attainment']:.0f}% within {slo_text(data['slo'])}), modelled")
     if measured is not None:
         title += f"; measured goodput {measured['goodput']:.2f} req/s"
-    axes[0].figure.suptitle(title, fontsize=9)
+    # the device once, for all three panels (JupyterLab's width leaves no room for it in each)
+    title += f"\n{data['label']}" + (f"; dashed: {measured['label']}" if measured is not None else "")
+    axes[0].figure.suptitle(title, fontsize=10)
 
 
 def serving_dashboard(model, engine, make_workload, slo: dict, max_rate: float):
@@ -225,7 +226,7 @@ def serving_dashboard(model, engine, make_workload, slo: dict, max_rate: float):
         measured = state["measured"] if state.get("at") == params() else None
 
         def fig():
-            fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(15, 4), constrained_layout=True)
+            fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(10, 3.8), constrained_layout=True)
             plot_dashboard(compute_dashboard(model, make_workload, slo=slo, **params()), axes, measured)
             return fig
         show_figure(out, fig)

@@ -1,6 +1,7 @@
 """The decks of `make slides`, opened from disk with the network off (every request that is not
 file:// aborted): reveal.js starts from node_modules, every deck has its slides and speaker
-notes, and the slide of lesson 05's interference figure shows the image."""
+notes, its title slide fits the screen and every taller slide scrolls (no text cut off), and the
+slide of lesson 05's interference figure shows the image."""
 
 from pathlib import Path
 
@@ -54,6 +55,37 @@ def test_deck_opens_offline_with_slides_and_notes(browser, require, artifacts, d
         page.close()
 
 
+PRESENT = "document.querySelector('.reveal .slides section.present:not(.stack)')"
+
+
+@pytest.mark.parametrize("deck", deck_paths(), ids=lambda p: p.name[:2])
+def test_title_fits_and_every_taller_slide_scrolls(browser, require, artifacts, deck):
+    page, _ = open_offline(browser, require, deck)
+    try:
+        places = page.evaluate(f"""() => {LEAVES}.map(s => {{
+            const top = s.parentElement.matches('.slides') ? s : s.parentElement;
+            return [[...top.parentElement.children].indexOf(top), top === s ? 0 : [...top.children].indexOf(s)];
+        }})""")
+        cut = []
+        for k, (h, v) in enumerate(places):
+            page.evaluate(f"location.hash = '#/{h}/{v}'")  # reveal.js follows the URL
+            page.wait_for_function(f"() => {PRESENT} === {LEAVES}[{k}]", timeout=30_000)
+            tall, height, scrolls, text = page.evaluate(f"""() => {{ const s = {PRESENT};
+                const h = parseFloat(document.querySelector('.reveal .slides').style.height);
+                const scrolls = getComputedStyle(s).overflowY === 'scroll' && s.clientHeight <= h;
+                return [s.scrollHeight, h, scrolls, s.textContent.trim().slice(0, 40)]; }}""")
+            if k == 0:
+                assert tall <= height, f"the title slide is {tall} px tall, the slide {height} px: {text!r}"
+            elif tall > height and not scrolls:
+                cut.append((h, v, tall, text))
+        assert not cut, f"slides taller than the screen that do not scroll (cut off): {cut}"
+        page.evaluate("location.hash = '#/0/1'")
+        page.wait_for_timeout(1000)  # the slide transition
+        page.screenshot(path=str(artifacts / f"deck_{deck.name[:2]}_intro.png"))
+    finally:
+        page.close()
+
+
 def test_lesson_05_interference_slide_shows_its_figure(browser, require, artifacts):
     deck = DECKS / f"{lessons.lesson_path('05').stem}.slides.html"
     page, blocked = open_offline(browser, require, deck)
@@ -68,8 +100,7 @@ def test_lesson_05_interference_slide_shows_its_figure(browser, require, artifac
         }}""")
         assert index is not None, "no slide titled '... every decoder stalls'"
         page.evaluate(f"location.hash = '#/{index[0]}/{index[1]}'")  # reveal.js follows the URL
-        present = "document.querySelector('.reveal .slides section.present:not(.stack)')"
-        page.wait_for_function(f"() => /every decoder stalls/i.test({present}.textContent)", timeout=30_000)
+        page.wait_for_function(f"() => /every decoder stalls/i.test({PRESENT}.textContent)", timeout=30_000)
         page.wait_for_timeout(1000)  # the slide transition
         img = page.locator(".reveal .slides section.present img").first
         assert img.count() == 1, "the interference slide has no image"
