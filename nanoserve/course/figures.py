@@ -249,7 +249,8 @@ def plot_decode_context(points, floors, label, ax=None, reference=None):
     log_y = False
     if reference is not None:
         ref = [1e3 * s for _, s in reference[1]]
-        ax.plot([c for c, _ in reference[1]], ref, "s:", color="0.6", ms=4, label=f"reference: {reference[0]}")
+        ax.plot([c for c, _ in reference[1]], ref, "s:", color="0.6", ms=4,
+                label=f"reference: {reference[0]}")
         # another machine several times slower or faster would squash this one's curve flat
         log_y = max(ref) > 3 * max(own) or min(ref) < min(own) / 3
     ax.set_xscale("log", base=2)

@@ -197,5 +197,6 @@ def split_title_slide(nb) -> None:
     rest = copy.deepcopy(first)
     first.source, rest.source = "\n\n".join(paragraphs[:ask + 1]), "\n\n".join(paragraphs[ask + 1:])
     rest.metadata["slideshow"] = {"slide_type": "subslide"}
-    notes = next((c for c in nb.cells[1:] if c.metadata.get("slideshow", {}).get("slide_type") == "notes"), None)
+    notes = next((c for c in nb.cells[1:]
+                  if c.metadata.get("slideshow", {}).get("slide_type") == "notes"), None)
     nb.cells[1:1] = [rest] if notes is None else [copy.deepcopy(notes), rest]

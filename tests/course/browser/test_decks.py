@@ -64,7 +64,8 @@ def test_title_fits_and_every_taller_slide_scrolls(browser, require, artifacts, 
     try:
         places = page.evaluate(f"""() => {LEAVES}.map(s => {{
             const top = s.parentElement.matches('.slides') ? s : s.parentElement;
-            return [[...top.parentElement.children].indexOf(top), top === s ? 0 : [...top.children].indexOf(s)];
+            const v = top === s ? 0 : [...top.children].indexOf(s);
+            return [[...top.parentElement.children].indexOf(top), v];
         }})""")
         cut = []
         for k, (h, v) in enumerate(places):
