@@ -59,10 +59,11 @@ class ChatTemplate:
             raise ValueError(f"the chat template could not render these messages: {e}") from e
 
 
-def load_chat_template(folder: str | None, override: str | None = None,
-                       demo: bool = False) -> ChatTemplate | None:
+def load_chat_template(folder: str | None, override: str | None = None) -> ChatTemplate | None:
     """The template for a checkpoint folder: `override` (a file path or the template itself),
-    else the checkpoint's, else DEMO_TEMPLATE for the demo model, else None (no chat)."""
+    else the checkpoint's, else DEMO_TEMPLATE for the demo model's folder, else None (no chat)."""
+    from nanoserve.model import DEMO_MODEL_DIR
+    demo = folder is not None and os.path.realpath(folder) == os.path.realpath(DEMO_MODEL_DIR)
     config = {}
     if folder and os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
         with open(os.path.join(folder, "tokenizer_config.json")) as f:

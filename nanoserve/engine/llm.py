@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numbers
-import os
 from collections.abc import Iterable, Iterator
 
 from nanoserve.config import EngineConfig, ModelConfig
@@ -20,6 +19,7 @@ class LLM:
                  dtype: str | None = None, seed: int = 0, config: EngineConfig | None = None,
                  scheduler=None, **kwargs):
         self.engine = LLMEngine(model, device, dtype, seed, config, scheduler_cls=scheduler, **kwargs)
+        self._chat_templates: dict = {}  # chat_template= -> its loaded template: read once
 
     @property
     def tokenizer(self):
@@ -75,10 +75,9 @@ class LLM:
         template's text) and tokenized without special tokens (the template writes them), as the
         server's /v1/chat/completions does; then `generate`. -> one output per conversation."""
         from nanoserve.engine.chat_template import load_chat_template
-        from nanoserve.model import DEMO_MODEL_DIR
-        path, tokenizer = self.engine.model_path, self.tokenizer
-        demo = path is not None and os.path.realpath(path) == os.path.realpath(DEMO_MODEL_DIR)
-        template = load_chat_template(path, chat_template, demo=demo)
+        if chat_template not in self._chat_templates:
+            self._chat_templates[chat_template] = load_chat_template(self.engine.model_path, chat_template)
+        template, tokenizer = self._chat_templates[chat_template], self.tokenizer
         if template is None or tokenizer is None:
             raise InvalidRequest("chat_template", f"model {self.engine.model_name!r} has no chat "
                                                   "template and tokenizer; pass chat_template= or "

@@ -124,13 +124,12 @@ def build(args):
         folder = resolve_model_path(args.model)  # downloaded or converted once, before the engine loads
     if args.model is None and os.path.isfile(os.path.join(DEMO_MODEL_DIR, "config.json")):
         folder = DEMO_MODEL_DIR  # what LLMEngine loads by default
-    is_demo = folder is not None and os.path.realpath(folder) == os.path.realpath(DEMO_MODEL_DIR)
     name = args.served_model_name or args.model or DEMO_MODEL_NAME
     metrics = ServerMetrics(name, config.num_speculative_tokens)
     async_engine = AsyncEngine(make_engine, args.max_num_queued_reqs, metrics)
     async_engine.start()  # loads the model on the engine thread, where every step will run
     serving = OpenAIServing(async_engine, name, folder or name,
-                            load_chat_template(folder, args.chat_template, demo=is_demo))
+                            load_chat_template(folder, args.chat_template))
     return build_app(serving, metrics, args.api_key, _lifespan(async_engine)), async_engine
 
 

@@ -4,6 +4,8 @@ tokenizer_config.json (or --chat-template), its errors as ValueErrors, the demo 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
 
@@ -41,13 +43,20 @@ def test_no_template_means_no_chat(tmp_path):
     assert load_chat_template(None) is None
 
 
-def test_demo_template_writes_speeches():
-    t = load_chat_template(None, demo=True)
+def test_demo_template_writes_speeches(tmp_path):
+    """The demo model's folder, which has no template of its own, gets DEMO_TEMPLATE (after its
+    BOS token); a copy of its files elsewhere is another checkpoint and gets none."""
+    from nanoserve.model import DEMO_MODEL_DIR
+    t = load_chat_template(DEMO_MODEL_DIR)
     got = t.render([{"role": "user", "content": "Good morrow."},
                     {"role": "assistant", "content": "And to you."},
                     {"role": "user", "name": "Lady Macbeth", "content": "Out, spot!"}])
-    assert got == ("USER.\nGood morrow.\n\nASSISTANT.\nAnd to you.\n\nLADY MACBETH.\nOut, spot!\n\n"
+    assert got == ("<|endoftext|>USER.\nGood morrow.\n\nASSISTANT.\nAnd to you.\n\nLADY MACBETH.\nOut, spot!\n\n"
                    "ASSISTANT.\n")
+    for name in os.listdir(DEMO_MODEL_DIR):
+        if name.endswith(".json"):
+            shutil.copy(os.path.join(DEMO_MODEL_DIR, name), tmp_path)
+    assert load_chat_template(str(tmp_path)) is None
 
 
 def test_llm_chat_renders_the_demo_template_and_generates():
@@ -58,7 +67,7 @@ def test_llm_chat_renders_the_demo_template_and_generates():
     from nanoserve.errors import InvalidRequest
     from nanoserve.model import DEMO_MODEL_DIR
     llm = LLM()
-    template = load_chat_template(DEMO_MODEL_DIR, demo=True)
+    template = load_chat_template(DEMO_MODEL_DIR)
     chats = [[{"role": "user", "content": "Who art thou?"}],
              [{"role": "system", "content": "A street."},
               {"role": "user", "name": "Romeo", "content": "Peace!"}]]
@@ -69,5 +78,6 @@ def test_llm_chat_renders_the_demo_template_and_generates():
         assert o.token_ids == llm.generate([o.prompt_token_ids], params)[0].token_ids
     assert "ROMEO.\nPeace!" in llm.tokenizer.decode(outs[1].prompt_token_ids)
     assert len(llm.chat(chats[0], params)) == 1
+    assert list(llm._chat_templates) == [None]  # the template was read once, for three calls
     with pytest.raises(InvalidRequest, match="chat_template"):
         LLM("preset:tiny").chat(chats[0], params)

@@ -65,7 +65,7 @@ def test_token_id_prompts_equal_llm_generate(server, llm):
 
 
 def test_openai_package_streams_a_chat_completion_through_the_template(client, llm):
-    template = load_chat_template(DEMO_MODEL_DIR, demo=True)
+    template = load_chat_template(DEMO_MODEL_DIR)
     prompt = template.render(MESSAGES)
     assert prompt == ("<|endoftext|>[A street.]\n\nROMEO.\nWhat light through yonder window breaks?"
                       "\n\nASSISTANT.\n")
