@@ -82,6 +82,23 @@ def decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale
         od.copy_(out.view_as(od))
 
 
+def few_query_rows(attn: AttentionMetadata, qsl: list[int], lens: list[int], D: int):
+    """The query rows of the sequences after the first D with 2..MULTI_QUERY_ROWS query tokens,
+    each as a decode row: (rows, their block tables, their context lengths as a tensor and as a
+    list), or None. Row j of n query tokens sees the first lens - n + 1 + j positions (causal
+    attention). The same for every layer of a step: built once, kept in attn.derived."""
+    if "few_query_rows" not in attn.derived:
+        few = [i for i in range(D, len(lens)) if qsl[i + 1] - qsl[i] <= MULTI_QUERY_ROWS]
+        seq = [i for i in few for _ in range(qsl[i + 1] - qsl[i])]
+        row_lens = [lens[i] - (qsl[i + 1] - qsl[i]) + 1 + j for i in few for j in range(qsl[i + 1] - qsl[i])]
+        device = attn.block_tables.device
+        rows = torch.tensor([r for i in few for r in range(qsl[i], qsl[i + 1])], device=device)
+        attn.derived["few_query_rows"] = (rows, attn.block_tables[torch.tensor(seq, device=device)],
+                                          torch.tensor(row_lens, dtype=torch.int32, device=device),
+                                          row_lens) if few else None
+    return attn.derived["few_query_rows"]
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     attn: AttentionMetadata, scale: float, k_scale: float = 1.0,
                     v_scale: float = 1.0) -> torch.Tensor:
@@ -98,17 +115,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         qd = q[:D].view(D, num_kv_heads, num_heads // num_kv_heads, head_dim)  # (D, kvh, g, hd)
         decode_attention(qd, out[:D].view_as(qd), k_cache, v_cache, attn.block_tables[:D],
                          attn.seq_lens[:D], lens[:D], scale, k_scale, v_scale)
-    few = [i for i in range(D, len(lens)) if qsl[i + 1] - qsl[i] <= MULTI_QUERY_ROWS]
-    if few:  # row j of n query tokens sees the first lens - n + 1 + j positions: causal attention
-        seq = [i for i in few for _ in range(qsl[i + 1] - qsl[i])]
-        row_lens = [lens[i] - (qsl[i + 1] - qsl[i]) + 1 + j for i in few for j in range(qsl[i + 1] - qsl[i])]
-        rows = torch.tensor([r for i in few for r in range(qsl[i], qsl[i + 1])], device=q.device)
-        qr = q[rows].view(len(seq), num_kv_heads, num_heads // num_kv_heads, head_dim)
+    few = few_query_rows(attn, qsl, lens, D)
+    if few is not None:
+        rows, tables, row_lens, row_lens_cpu = few
+        qr = q[rows].view(len(rows), num_kv_heads, num_heads // num_kv_heads, head_dim)
         orows = torch.empty_like(qr)
-        decode_attention(qr, orows, k_cache, v_cache, attn.block_tables[torch.tensor(seq, device=q.device)],
-                         torch.tensor(row_lens, dtype=torch.int32, device=q.device), row_lens, scale,
-                         k_scale, v_scale)
-        out[rows] = orows.view(len(seq), num_heads, head_dim)
+        decode_attention(qr, orows, k_cache, v_cache, tables, row_lens, row_lens_cpu, scale, k_scale, v_scale)
+        out[rows] = orows.view(len(rows), num_heads, head_dim)
     for i in range(D, len(lens)):
         if qsl[i + 1] - qsl[i] > MULTI_QUERY_ROWS:
             s, e = qsl[i], qsl[i + 1]

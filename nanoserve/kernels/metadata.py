@@ -13,7 +13,7 @@ finding them again in every layer. Metadata built elsewhere may leave it None (n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +27,8 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
     num_decodes: int | None = None  # sequences 0..num_decodes-1 have one query token each
+    # what a kernel derives from this step's metadata, kept for the step's other layers
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     def decode_count(self, qsl: list[int]) -> int:
         """How many leading sequences have one query token (num_decodes, or counted from qsl)."""
