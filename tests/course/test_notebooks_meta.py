@@ -114,15 +114,13 @@ def test_every_slide_has_speaker_notes(nb_path):
 
 
 def test_a_decks_title_slide_is_the_title_and_the_question(nb_path):
-    """build_decks splits a first cell that asks a question: the title and the question on the
-    title slide, the rest on a subslide beneath it, and the title's speaker notes on both."""
+    """Every lesson opens with the question it answers, and build_decks splits its first cell: the
+    title and the question on the title slide, the rest on a subslide beneath it, and the title's
+    speaker notes on both."""
     from nanoserve.course.lessons import split_title_slide
     nb = load(nb_path)
     first, n = nb.cells[0].source, len(nb.cells)
     split_title_slide(nb)
-    if "**The question:**" not in first:  # lesson 00: a title and a short paragraph, one slide
-        assert len(nb.cells) == n and nb.cells[0].source == first
-        return
     title, notes, rest = nb.cells[:3]
     assert title.source.startswith(f"# {nb_path.name[:2]}") and title.source.rstrip().count("\n\n") == 1
     assert title.source.split("\n\n")[1].startswith("**The question:**")
