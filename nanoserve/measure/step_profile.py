@@ -3,7 +3,7 @@
 `step_profile(llm, batch_size, context_len)` runs decode steps of batch_size sequences at about
 context_len tokens of context (or, with prefill=True, one step prefilling batch_size prompts of
 context_len tokens) and splits each step's wall time into
-- linear: every weight matmul (q/k/v, o, gate/up, down) and the lm_head,
+- linear: every weight matmul (q/k/v, o, gate/up, down; float or 8-bit codes) and the lm_head,
 - attention: `paged_attention` (gathering K/V out of the paged cache, then softmax(QK^T)V),
 - norm, rope, cache write: three more kernels of the kernel namespace,
 - other: the rest of the model's forward (the MLP's silu_and_mul, residual adds, embedding,
@@ -27,8 +27,13 @@ from torch import nn
 from nanoserve.engine import LLM, LLMEngine, engine_of
 from nanoserve.kernels import kernel_ops
 from nanoserve.kernels.cpu_gemm import PackedLinear
+from nanoserve.kernels.cpu_quant_gemm import QuantizedCpuLinear
+from nanoserve.model.quantization import QuantizedLinear
 from nanoserve.sampling_params import SamplingParams
 
+# the model's linears as the loader leaves them: float, or 8-bit codes (the CPU's own classes
+# replace nn.Linear and QuantizedLinear where the C++ ops load)
+LINEARS = (nn.Linear, PackedLinear, QuantizedLinear, QuantizedCpuLinear)
 PARTS = ("linear", "attention", "norm", "rope", "cache write", "other", "host")
 _KERNEL_PART = {"paged_attention": "attention", "rms_norm": "norm", "rotary_embedding": "rope",
                 "reshape_and_cache": "cache write"}
@@ -109,7 +114,7 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
     try:
         while not prefill and any(engine.requests[i].is_prefilling for i in ids):
             engine.step()  # untimed: bring every sequence to decoding
-        hooks = [h for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))
+        hooks = [h for m in model.modules() if isinstance(m, LINEARS)
                  for h in (m.register_forward_pre_hook(start), m.register_forward_hook(stop))]
         hooks += [model.register_forward_pre_hook(forward_start), model.register_forward_hook(forward_stop)]
         model.set_ops(kernel_ops(old_ops, **{k: timed(getattr(old_ops, k), part)

@@ -67,3 +67,23 @@ def test_host_is_the_step_outside_the_model(llm, monkeypatch):
     p = step_profile(llm, 2, 8, steps=3)
     assert p.parts_ms["host"] >= base.parts_ms["host"] + 19
     assert p.parts_ms["other"] < base.parts_ms["other"] + 10
+
+
+def test_an_8_bit_models_linears_count_as_linear(monkeypatch):
+    """QuantizedLinear's matmuls over codes are linear time, not "other": a linear slowed by
+    5 ms a call adds at least 5 ms per decoder linear to "linear"."""
+    import time
+
+    llm = LLM("preset:tiny", device="cpu", dtype="bfloat16", quantization="int8",
+              config=EngineConfig(max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=32))
+    cls = type(llm.engine.model.layers[0].mlp.down_proj)  # QuantizedCpuLinear, or the reference's
+    forward = cls.forward
+
+    def slow(self, x):
+        time.sleep(0.005)
+        return forward(self, x)
+    monkeypatch.setattr(cls, "forward", slow)
+    n = sum(isinstance(m, cls) for m in llm.engine.model.modules())
+    p = step_profile(llm, 1, 8, steps=2)
+    assert n > 0 and p.parts_ms["linear"] >= 5 * n, (n, p.parts_ms)
+    assert p.parts_ms["other"] < 5 * n, p.parts_ms
