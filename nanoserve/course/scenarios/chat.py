@@ -96,7 +96,7 @@ def load_chat_model(**config) -> ChatModel:
     folder = real_model_folder()
     if folder is None:
         llm = LLM(None, config=EngineConfig(**config))
-        return ChatModel(llm, load_chat_template(DEMO_MODEL_DIR, demo=True), "demo-model")
+        return ChatModel(llm, load_chat_template(DEMO_MODEL_DIR), "demo-model")
     return ChatModel(LLM(REAL_MODEL, config=EngineConfig(**config)), load_chat_template(folder), REAL_MODEL)
 
 
