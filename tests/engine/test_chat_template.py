@@ -51,8 +51,8 @@ def test_demo_template_writes_speeches(tmp_path):
     got = t.render([{"role": "user", "content": "Good morrow."},
                     {"role": "assistant", "content": "And to you."},
                     {"role": "user", "name": "Lady Macbeth", "content": "Out, spot!"}])
-    assert got == ("<|endoftext|>USER.\nGood morrow.\n\nASSISTANT.\nAnd to you.\n\nLADY MACBETH.\nOut, spot!\n\n"
-                   "ASSISTANT.\n")
+    assert got == ("<|endoftext|>USER.\nGood morrow.\n\nASSISTANT.\nAnd to you.\n\n"
+                   "LADY MACBETH.\nOut, spot!\n\nASSISTANT.\n")
     for name in os.listdir(DEMO_MODEL_DIR):
         if name.endswith(".json"):
             shutil.copy(os.path.join(DEMO_MODEL_DIR, name), tmp_path)
