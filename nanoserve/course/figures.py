@@ -77,7 +77,8 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=
                    textcoords="offset points", xytext=offset, ha="right", va=va, fontsize=8)
     b.set_xlabel("prompt length (tokens, log scale)")
     b.set_ylabel("prefill time (s, log scale)")
-    b.legend(fontsize=8, loc="lower right")  # the curves leave that corner empty
+    # below the panel: inside, every corner holds a curve, a point or a note
+    b.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     b.grid(True, which="both", alpha=0.3)
     _titled(b, f"Fitted, carried out to {extrapolate_to} tokens (dashed: modelled)", label)
     return fig
@@ -244,8 +245,9 @@ def plot_decode_context(points, floors, label, ax=None, reference=None):
                 color=DECODE_COLOR, label="measured decode step (median, min-max over repeats)")
     ax.plot(ctx, [1e3 * f for f in floors], "k--",
             label="roofline floor: bytes / bandwidth (modelled from the measured ceiling)")
-    own = [1e3 * p.step_seconds for p in points] + [1e3 * f for f in floors]
-    mark_outliers(ax, ctx, own[:len(points)])
+    steps = [1e3 * p.step_seconds for p in points]
+    own = steps + [1e3 * f for f in floors]
+    mark_outliers(ax, ctx, steps)
     log_y = False
     if reference is not None:
         ref = [1e3 * s for _, s in reference[1]]
