@@ -52,6 +52,12 @@ inline void to_float<c10::Float8_e4m3fn>(const c10::Float8_e4m3fn* src, float* d
   for (int64_t i = 0; i < n; ++i) dst[i] = t[bits[i]];
 }
 
+// A GEMV's weight stream, kStreamAhead bytes ahead of the row under way, into L1: some cores'
+// hardware prefetchers keep too few lines in flight for DRAM's latency (benchmarks/cpu_linear.py
+// measures the GEMVs against torch's own); once per 64 bytes of weight read
+constexpr int64_t kStreamAhead = 4096;
+inline void prefetch_ahead(const void* p) { __builtin_prefetch(static_cast<const char*>(p) + kStreamAhead, 0, 3); }
+
 inline vf8 load8(const float* p) {
   vf8 v;
   std::memcpy(&v, p, sizeof v);  // an unaligned vector load

@@ -22,7 +22,7 @@ namespace nanoserve {
 
 constexpr int64_t kTileBytes = 64 << 10;  // of weight rows: fits the L2 of any x86 core
 
-// run(x, y, r0, r1, pair): output rows [r0, r1) of one row of x (two rows `in` apart when pair),
+// run(m, x, y, r0, r1, pair): output rows [r0, r1) of row m of x (staged in fp32 at x) (two rows `in` apart when pair),
 // into y (two rows `out` apart); weight_row_bytes: one weight row as stored
 template <typename T, typename Run>
 void few_rows_linear(const at::Tensor& y, const at::Tensor& x, int64_t out, int64_t weight_row_bytes,
@@ -39,7 +39,7 @@ void few_rows_linear(const at::Tensor& y, const at::Tensor& x, int64_t out, int6
   at::parallel_for(0, out, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t t0 = r0; t0 < r1; t0 += tile)
       for (int64_t m = 0; m < M; m += 2)
-        run(xv + m * in, yp + m * out, t0, std::min(r1, t0 + tile), M - m >= 2);
+        run(m, xv + m * in, yp + m * out, t0, std::min(r1, t0 + tile), M - m >= 2);
   });
   T* yo = static_cast<T*>(y.data_ptr());
   const T* b = bias ? static_cast<const T*>(bias->const_data_ptr()) : nullptr;

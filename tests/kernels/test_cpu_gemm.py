@@ -105,12 +105,14 @@ needs_gemv = pytest.mark.skipif(not _gemv_available(), reason="the C++ CPU ops a
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("out_features", [1, 80, 1000])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemv_matches_an_fp32_product(dtype, tol, rows, out_features, bias):
-    """y = x W^T + b summed in fp32 and rounded once; output rows split over threads (1000 rows)."""
+@pytest.mark.parametrize("in_features", [96, 192])
+def test_gemv_matches_an_fp32_product(dtype, tol, rows, out_features, bias, in_features):
+    """y = x W^T + b summed in fp32 and rounded once; output rows split over threads (1000 rows).
+    bf16 rows of a multiple of 64 values take vdpbf16ps where the CPU has it, others the widening."""
     torch.manual_seed(rows)
-    w = torch.randn(out_features, 96).to(dtype)
+    w = torch.randn(out_features, in_features).to(dtype)
     b = torch.randn(out_features).to(dtype) if bias else None
-    x = torch.randn(rows, 96).to(dtype)
+    x = torch.randn(rows, in_features).to(dtype)
     y = torch.full((rows, out_features), float("nan"), dtype=dtype)
     torch.ops.nanoserve_cpu.gemv(y, x, w, b)
     want = F.linear(x.float(), w.float(), None if b is None else b.float())
