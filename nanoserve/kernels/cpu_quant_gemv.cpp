@@ -9,7 +9,8 @@
 // per weight instead of two (bf16) or four (fp32). The e4m3 -> fp32 widening is exact: an e4m3
 // code's 7 magnitude bits shifted left by 7 are the fp16 of the same value times 2^-8 (the
 // exponent biases differ by 8; e4m3's subnormals land on fp16's), which the CPU's fp16 conversion
-// (F16C's vcvtph2ps where the CPU has it) widens; the 2^8 goes into the group's scale.
+// (F16C's vcvtph2ps where the CPU has it) widens; the 2^8 goes into the group's scale. The weight
+// stream is prefetched ahead (cpu_common.h's prefetch_ahead), as in cpu_gemv.cpp.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -26,6 +27,13 @@
 
 #include "cpu_common.h"
 #include "cpu_few_rows.h"
+
+// Sixteen codes a vector on AVX-512 CPUs other than AMD's Zen 4, which runs a 512-bit instruction
+// as two 256-bit halves: the wider loop was slower there (benchmarks/results/gemv-512bit-*.md);
+// GCC 12.2 builds for a Zen 4 as a Zen 3 with AVX-512 flags, hence both names
+#if defined(__AVX512F__) && defined(__F16C__) && !defined(__znver3__) && !defined(__znver4__)
+#define WIDE16
+#endif
 
 namespace {
 
@@ -52,6 +60,11 @@ struct Int8Code {
     return vf8{float(c[0]), float(c[1]), float(c[2]), float(c[3]), float(c[4]), float(c[5]), float(c[6]), float(c[7])};
 #endif
   }
+#if defined(WIDE16)
+  static __m512 load16(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+#endif
 };
 
 struct Fp8Code {
@@ -66,6 +79,12 @@ struct Fp8Code {
     std::memcpy(&v, &f, sizeof v);
     return v;
   }
+#if defined(WIDE16)
+  static __m512 load16(const uint8_t* p) {  // as load, sixteen codes
+    const __m256i hi = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 8);
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_srai_epi16(hi, 1), _mm256_set1_epi16(static_cast<short>(0xBFFF))));
+  }
+#endif
 #else
   static constexpr float kScale = 1.f;
   static vf8 load(const uint8_t* p) {
@@ -120,6 +139,38 @@ void rows(const uint8_t* q, const float* scale, const float* x, float* y, int64_
   }
 }
 
+#if defined(WIDE16)
+// The same with sixteen values a vector, for groups of a multiple of 64 values: half the
+// instructions per weight, where a 512-bit instruction costs one 256-bit one's time
+template <typename Code, int M>
+void rows16(const uint8_t* q, const float* scale, const float* x, float* y, int64_t r0, int64_t r1,
+            int64_t in, int64_t out, int64_t group) {
+  const int64_t groups = in / group;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* qr = q + r * in;
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 part[M][4];
+      for (int m = 0; m < M; ++m) for (int c = 0; c < 4; ++c) part[m][c] = _mm512_setzero_ps();
+      for (int64_t i = g * group; i < (g + 1) * group; i += 64) {
+        nanoserve::prefetch_ahead(qr + i);
+        for (int c = 0; c < 4; ++c) {
+          const __m512 wv = Code::load16(qr + i + 16 * c);
+          for (int m = 0; m < M; ++m)
+            part[m][c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * in + i + 16 * c), part[m][c]);
+        }
+      }
+      const __m512 s = _mm512_set1_ps(scale[r * groups + g] * Code::kScale);
+      for (int m = 0; m < M; ++m)
+        acc[m] = _mm512_fmadd_ps(s, _mm512_add_ps(_mm512_add_ps(part[m][0], part[m][1]),
+                                                  _mm512_add_ps(part[m][2], part[m][3])), acc[m]);
+    }
+    for (int m = 0; m < M; ++m) y[m * out + r] = _mm512_reduce_add_ps(acc[m]);
+  }
+}
+#endif
+
 bool is_fp8(const at::Tensor& q) { return q.scalar_type() == at::kFloat8_e4m3fn; }
 
 void check_codes(const at::Tensor& q, const at::Tensor& scale, const char* op) {
@@ -140,6 +191,10 @@ void gemv_impl(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, co
   const float* sp = scale.const_data_ptr<float>();
   nanoserve::few_rows_linear<T>(y, x, out, in, bias,
                                 [&](int64_t m, const float* xm, float* ym, int64_t r0, int64_t r1, bool pair) {
+#if defined(WIDE16)
+                                  if (group % 64 == 0)
+                                    return (pair ? rows16<Code, 2> : rows16<Code, 1>)(qp, sp, xm, ym, r0, r1, in, out, group);
+#endif
                                   (pair ? rows<Code, 2> : rows<Code, 1>)(qp, sp, xm, ym, r0, r1, in, out, group);
                                 });
 }
