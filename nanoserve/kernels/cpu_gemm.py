@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanoserve.kernels.cpu_huge_pages import to_huge_pages
+
 # oneDNN keeps the primitive it built for each input shape in two LRU caches (ideep's and
 # oneDNN's own, 1024 entries each by default), and a server's steps bring a new token count
 # nearly every step: filled to 1024 shapes, the caches held a few hundred MB and the server's
@@ -160,7 +162,8 @@ def pack_model(model) -> None:
     """Every nn.Linear of `model` becomes a PackedLinear, and `model.lm_head_linear` a packed
     lm_head beside the dense one (a tied model's embedding lookup needs the dense rows; an untied
     one keeps its `lm_head` parameter for state_dict). Dense copies are kept for the GEMV while the
-    weights take at most an eighth of the machine's memory (room_for_dense); a bf16 model on a CPU
+    weights take at most an eighth of the machine's memory (room_for_dense), moved onto huge pages
+    (cpu_huge_pages); a bf16 model on a CPU
     without bf16 kernels keeps its dense weights in any case (compute_dtype). Nothing where oneDNN
     cannot run the weights' dtype."""
     weight = model.lm_head_weight()
@@ -168,6 +171,10 @@ def pack_model(model) -> None:
         return
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     dense = room_for_dense(sum(m.weight.nbytes for _, m in linears) + weight.nbytes)
+    if dense:  # the dense weights the GEMV streams, in step order, on huge pages
+        params = [m.weight for _, m in linears] + [weight]
+        for p, copy in zip(params, to_huge_pages([p.detach().contiguous() for p in params])):
+            p.data = copy
     for name, m in linears:
         parent, attr = name.rsplit(".", 1)
         setattr(model.get_submodule(parent), attr, PackedLinear.from_linear(m, dense))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nanoserve.kernels.cpu_gemm import GEMV_ROWS  # the float GEMV's bound: a verify row stays a GEMV row
+from nanoserve.kernels.cpu_huge_pages import to_huge_pages
 from nanoserve.kernels.quantization import quantized_linear
 
 # int8 codes with a scale per channel and bf16 activations: from 3 up to this many rows run torch's
@@ -101,14 +102,16 @@ class QuantizedCpuLinear(nn.Module):
 
 def pack_quantized(model: nn.Module) -> None:
     """Every quantized linear of `model` whose codes the C++ ops read becomes a QuantizedCpuLinear,
-    all sharing one DequantBuffer. Call only where the C++ ops are built and chosen."""
+    all sharing one DequantBuffer, their codes on huge pages (cpu_huge_pages). Call only where the
+    C++ ops are built and chosen."""
     layers = [(name, m) for name, m in model.named_modules()
               if is_quantized_linear(m) and not isinstance(m, QuantizedCpuLinear)
               and m.qweight.device.type == "cpu" and _takes(m.qweight, m.weight_scale)]
     if not layers:
         return
     buffer = DequantBuffer(max(m.qweight.numel() for _, m in layers))
-    for name, m in layers:
+    codes = to_huge_pages([m.qweight.contiguous() for _, m in layers])  # the GEMV's stream, in step order
+    for (name, m), qweight in zip(layers, codes):
         parent, attr = name.rsplit(".", 1)
         setattr(model.get_submodule(parent), attr,
-                QuantizedCpuLinear(m.qweight, m.weight_scale, getattr(m, "bias", None), buffer))
+                QuantizedCpuLinear(qweight, m.weight_scale, getattr(m, "bias", None), buffer))
