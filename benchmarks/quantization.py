@@ -25,6 +25,7 @@ import torch
 
 from nanoserve import LLM, EngineConfig, SamplingParams
 from nanoserve.kernels import cpu_gemm, cpu_quant_gemm
+from nanoserve.kernels.cpu_huge_pages import to_huge_pages
 from nanoserve.kernels.quantization import quantize_weight
 from nanoserve.measure.ceilings import _weight_read_bandwidth
 from nanoserve.measure.roofline import decode_batch, step_cost
@@ -72,11 +73,15 @@ def gemv_table(rounds: int) -> float:
     cfg = preset_config("llama-120m")
     shapes = layer_shapes(cfg) * cfg.num_hidden_layers
     dense = [torch.randn(o, i) * 0.02 for o, i in shapes]
-    variants = {"fp32 GEMV": ([cpu_gemm.PackedLinear(w, None) for w in dense], torch.float32),
-                "bf16 GEMV": ([cpu_gemm.PackedLinear(w.bfloat16(), None) for w in dense], torch.bfloat16)}
+    # each variant's weights on huge pages, as the engine holds them (cpu_huge_pages)
+    variants = {"fp32 GEMV": ([cpu_gemm.PackedLinear(w, None) for w in to_huge_pages(dense)], torch.float32),
+                "bf16 GEMV": ([cpu_gemm.PackedLinear(w, None)
+                               for w in to_huge_pages([w.bfloat16() for w in dense])], torch.bfloat16)}
     for method in ("int8", "fp8"):
         buffer = cpu_quant_gemm.DequantBuffer(max(w.numel() for w in dense))
-        mods = [cpu_quant_gemm.QuantizedCpuLinear(*quantize_weight(w, method), None, buffer) for w in dense]
+        codes = [quantize_weight(w, method) for w in dense]
+        mods = [cpu_quant_gemm.QuantizedCpuLinear(q, sc, None, buffer)
+                for q, (_, sc) in zip(to_huge_pages([q for q, _ in codes]), codes)]
         variants[f"{method} GEMV"] = (mods, torch.bfloat16)
     nbytes = {name: sum(m.qweight.nbytes + m.weight_scale.nbytes if hasattr(m, "qweight")
                         else m.dense_weight().nbytes for m in mods) for name, (mods, _) in variants.items()}
