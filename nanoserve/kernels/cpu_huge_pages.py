@@ -34,15 +34,19 @@ def huge_pages_available() -> bool:
 
 def to_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Contiguous copies of `tensors` (CPU tensors), in order in one mapping marked MADV_HUGEPAGE;
-    `tensors` themselves where huge pages are not available. The mapping lives while any copy does."""
+    `tensors` themselves where huge pages are not available or the mapping fails. The mapping lives
+    while any copy does."""
     if not tensors or not huge_pages_available():
         return tensors
     offsets, size = [], 0
     for t in tensors:
         offsets.append(size)
         size += -(-t.nbytes // ALIGN) * ALIGN
-    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE)
+    try:
+        region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # no room for a second copy, or a kernel refusing the advice: keep the originals
+        return tensors
     flat = torch.frombuffer(region, dtype=torch.uint8)  # holds `region` alive
     copies = []
     for t, off in zip(tensors, offsets):

@@ -61,3 +61,13 @@ def test_int8_codes_of_a_loaded_model_are_on_huge_pages():
     llm = LLM("preset:tiny", dtype="bfloat16", quantization="int8")
     layers = [m for m in llm.engine.model.modules() if isinstance(m, QuantizedCpuLinear)]
     assert layers and all(advised_huge(m.qweight) for m in layers)
+
+
+def test_without_a_mapping_the_tensors_stay(monkeypatch):
+    import mmap
+
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    ts = [torch.randn(4, 4)]
+    assert to_huge_pages(ts) is ts
