@@ -3,7 +3,8 @@
 // At one row a linear reads every weight once and does one multiply-add per weight, so its speed
 // is the rate at which the weight streams in from DRAM. Here each thread takes a contiguous range
 // of output rows and walks it in memory order, one weight row at a time: a single sequential stream
-// per core, which the hardware prefetcher follows. The weight is the layer's dense (out, in) matrix in
+// per core, prefetched a few KB ahead (cpu_common.h's prefetch_ahead) where the hardware prefetcher
+// alone keeps too few lines in flight. The weight is the layer's dense (out, in) matrix in
 // fp32 or bf16; products and sums are fp32, and a bf16 output is rounded once at the end, as
 // oneDNN's bf16 kernels round. Where the CPU has AVX512-BF16, bf16 goes through vdpbf16ps, which
 // adds the products of 32 bf16 pairs into 16 fp32 lanes exactly (a bf16 product fits fp32): a
