@@ -124,8 +124,8 @@ def plot_ttft_vs_input(sweep, ax=None):
     ax.set_ylabel("TTFT (ms, log)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(f"TTFT against prompt length: {sweep.growth:.0f}x from {x[0]:.0f} to {x[-1]:.0f} tokens\n"
-                 f"{sweep.device_label}", fontsize=10)
+    ax.set_title(f"TTFT grew {sweep.growth:.0f}x as the prompt grew {x[-1] / x[0]:.0f}x ({x[0]:.0f} to "
+                 f"{x[-1]:.0f} tokens)\n{sweep.device_label}", fontsize=10)
     return ax.figure
 
 
@@ -192,10 +192,11 @@ def plot_dashboard(data: dict, axes, measured: dict | None = None) -> None:
         ax.set_title(name, fontsize=10)
     title = (f"rate {p['rate']:.2f} req/s, max_num_seqs {p['max_num_seqs']}, "
              f"max_num_batched_tokens {p['max_num_batched_tokens']}: goodput {data['goodput']:.2f} req/s "
-             f"({100 * data['attainment']:.0f}% within {slo_text(data['slo'])}), modelled")
+             f"({100 * data['attainment']:.0f}% within {slo_text(data['slo'])})")
     if measured is not None:
         title += f"; measured goodput {measured['goodput']:.2f} req/s"
-    # the device once, for all three panels (JupyterLab's width leaves no room for it in each)
+    # the device once, for all three panels (JupyterLab's width leaves no room for it in each);
+    # data["label"] begins "modelled:", naming what the first line's figures come from
     title += f"\n{data['label']}" + (f"; dashed: {measured['label']}" if measured is not None else "")
     axes[0].figure.suptitle(title, fontsize=10)
 
