@@ -105,10 +105,11 @@ def plot_cache_comparison(with_cache, without, prompt_len: int, label, ax=None, 
                     label=f"reference ({name})" if key == "with" else None)
     ax.set_yscale("log")
     ax.set_xlabel("tokens in the sequence before this one")
-    ax.set_ylabel("time for this token (ms, log scale; median of repeats)")
+    ax.set_ylabel("time for this token\n(ms, log scale; median of repeats)")
     plain_log_ticks(ax)
-    # below the axes: the recompute curve climbs through any corner inside
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
+    # below the axes, one column: the recompute curve climbs through any corner inside, and two
+    # columns of the reference's long label would be wider than the figure
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1, frameon=False)
     ax.grid(True, which="both", alpha=0.3)
     _titled(ax, "Generating with and without a KV cache", label)
     return ax.figure
