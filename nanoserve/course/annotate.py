@@ -37,18 +37,32 @@ def _boxes_overlap(a, b, pad: float = 1.0) -> bool:
     return not (a.x1 + pad <= b.x0 or b.x1 + pad <= a.x0 or a.y1 + pad <= b.y0 or b.y1 + pad <= a.y0)
 
 
+def _line_pixels(line, step: float = 3.0):
+    """Points every `step` pixels along a drawn line (display coordinates, n x 2)."""
+    xy = line.get_transform().transform(np.asarray(line.get_xydata(), float))
+    xy = xy[np.isfinite(xy).all(axis=1)]
+    if len(xy) < 2:
+        return xy
+    counts = np.maximum(1, np.ceil(np.hypot(*np.diff(xy, axis=0).T) / step)).astype(int)
+    return np.concatenate([np.linspace(a, b, k, endpoint=False) for a, b, k in zip(xy[:-1], xy[1:], counts)]
+                          + [xy[-1:]])
+
+
 def spread_labels(ax) -> int:
     """Place every point label (an Annotation with textcoords "offset points") of `ax` at the
-    nearest offset where it overlaps no label placed before it, no plotted marker of another
-    label's point and no legend, staying inside the axes; a label moved from its first spot (up
-    and right of its point) gets a thin leader line. -> how many labels were moved."""
+    nearest offset where it overlaps no label placed before it, no other text, no plotted marker
+    of another label's point, no drawn line and no legend, staying inside the axes; a label moved
+    from its first spot (up and right of its point) gets a thin leader line. -> how many labels
+    were moved."""
     from matplotlib.text import Annotation
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     labels = [t for t in ax.texts if isinstance(t, Annotation) and t.anncoords == "offset points"]
     inside = ax.get_window_extent(renderer)
     taken = [leg.get_window_extent(renderer) for leg in [ax.get_legend()] if leg is not None]
+    taken += [t.get_window_extent(renderer) for t in ax.texts if t not in labels and t.get_text()]
     dots = [ax.transData.transform(t.xy) for t in labels]
+    lines = [_line_pixels(ln) for ln in ax.lines if len(ln.get_xdata()) > 1]
     moved = 0
     for i, t in enumerate(labels):
         best = None
@@ -60,7 +74,9 @@ def spread_labels(ax) -> int:
                 box = t.get_window_extent(renderer)
                 clash = sum(_boxes_overlap(box, b) for b in taken) + sum(
                     box.x0 - 3 <= x <= box.x1 + 3 and box.y0 - 3 <= y <= box.y1 + 3
-                    for j, (x, y) in enumerate(dots) if j != i)
+                    for j, (x, y) in enumerate(dots) if j != i) + sum(
+                    bool(np.any((p[:, 0] >= box.x0) & (p[:, 0] <= box.x1) & (p[:, 1] >= box.y0)
+                                & (p[:, 1] <= box.y1))) for p in lines)
                 out = not (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
                            and box.y1 <= inside.y1)
                 score = (clash + 2 * out, r)
@@ -142,7 +158,9 @@ def roofline(ceilings, dtype, points=(), sweep: bool = False, reference=None, ax
         mark_outliers(ax, [p[1] for p in points], [p[2] / 1e9 for p in points])
     if reference is not None or sweep:
         ax.legend(loc="lower right", fontsize=8)
-    for t in ax.texts:  # each label in its dot's colour: which label is whose stays clear
+    from matplotlib.text import Annotation
+    labels = [t for t in ax.texts if isinstance(t, Annotation)]  # the ridge note is a plain Text
+    for t in labels:  # each label in its dot's colour: which label is whose stays clear
         dot = [ln for ln in ax.lines if len(ln.get_xdata()) == 1 and (ln.get_xdata()[0], ln.get_ydata()[0])
                == tuple(t.xy)]
         if dot:

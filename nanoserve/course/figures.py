@@ -18,6 +18,7 @@ from nanoserve.measure.figures import (
     PREFILL_COLOR,
     device_label,
     get_axes,
+    plain_log_ticks,
 )
 
 __all__ = ["plot_batch_occupancy", "plot_batching_gain", "plot_block_map", "plot_cache_comparison",
@@ -36,6 +37,7 @@ def plot_phase_steps(run, label, ax=None):
                        Patch(color=DECODE_COLOR, label="decode: 1 token per step")], fontsize=8)
     ax.set_xlabel("step of the request")
     ax.set_ylabel("step time (ms, log scale)")
+    plain_log_ticks(ax)
     ax.grid(True, axis="y", which="both", alpha=0.3)
     _titled(ax, "One request, step by step", label)
     return ax.figure
@@ -77,6 +79,7 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=
                    textcoords="offset points", xytext=offset, ha="right", va=va, fontsize=8)
     b.set_xlabel("prompt length (tokens, log scale)")
     b.set_ylabel("prefill time (s, log scale)")
+    plain_log_ticks(b, "both")
     # below the panel: inside, every corner holds a curve, a point or a note
     b.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     b.grid(True, which="both", alpha=0.3)
@@ -102,8 +105,11 @@ def plot_cache_comparison(with_cache, without, prompt_len: int, label, ax=None, 
                     label=f"reference ({name})" if key == "with" else None)
     ax.set_yscale("log")
     ax.set_xlabel("tokens in the sequence before this one")
-    ax.set_ylabel("time for this token (ms, log scale; median of repeats)")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("time for this token\n(ms, log scale; median of repeats)")
+    plain_log_ticks(ax)
+    # below the axes, one column: the recompute curve climbs through any corner inside, and two
+    # columns of the reference's long label would be wider than the figure
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1, frameon=False)
     ax.grid(True, which="both", alpha=0.3)
     _titled(ax, "Generating with and without a KV cache", label)
     return ax.figure
@@ -171,7 +177,7 @@ def plot_decode_batch(points, floors, label, critical_batch: float | None = None
     roofline floor of a step. Log-2 batch axis; the critical batch as a vertical line; points far
     off their neighbours ringed. reference: (label, [(batch, ITL seconds)]) of another machine."""
     import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.8), constrained_layout=True)
     B = [p.batch for p in points]
     a.plot(B, [p.tokens_per_s for p in points], "o-", color=DECODE_COLOR, label="measured")
     a.plot(B, [points[0].tokens_per_s * n for n in B], ":", color="grey",
@@ -193,8 +199,11 @@ def plot_decode_batch(points, floors, label, critical_batch: float | None = None
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size (sequences decoding together, log scale)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        # below each panel: inside, the rising curves and the reference fill every corner
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     a.set_yscale("log")
+    plain_log_ticks(a, "both")
+    plain_log_ticks(b, "x")
     a.set_ylabel("decode throughput (tokens/s, log scale)")
     b.set_ylabel("inter-token latency (ms)")
     b.set_ylim(0, None)
@@ -228,6 +237,7 @@ def plot_batching_gain(decode, prefill, label):
     b.set_ylabel("tokens/s, as a multiple of n = 1")
     b.set_yscale("log", base=2)
     for ax in (a, b):
+        plain_log_ticks(ax, "both")
         ax.legend(fontsize=8)
     _titled(a, "Tokens per second of one step", label)
     _titled(b, "What batching gains each phase", label)
@@ -262,6 +272,7 @@ def plot_decode_context(points, floors, label, ax=None, reference=None):
         ax.set_ylim(0, None)
     ax.set_xlabel("context length (tokens in the KV cache, log scale)")
     ax.set_ylabel("decode step time (ms" + (", log scale)" if log_y else ")"))
+    plain_log_ticks(ax, "both")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1, frameon=False)
     ax.grid(True, which="both", alpha=0.3)
     _titled(ax, "Decode at batch 1 against context length", label)
@@ -296,7 +307,7 @@ def plot_goodput(points, slo: dict, label, x: str = "offered", ax=None, modelled
     ax.set_ylabel("completed requests/s")
     ax.set_ylim(0, None)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     sub = device_label(label) + (f"\nlines: {modelled_label}" if modelled else "")
     ax.set_title(f"Throughput vs goodput at SLO {slo_text(slo)}\n{sub}", fontsize=10)
     return ax.figure

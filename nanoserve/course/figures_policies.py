@@ -62,7 +62,10 @@ def plot_batch_occupancy(results: dict, ax=None):
     ax.axhline(cap, color="grey", ls=":", label=f"max_num_seqs = {cap}")
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel("sequences in the step")
-    ax.legend(fontsize=8)
+    from matplotlib.ticker import MaxNLocator
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: no 2.5 sequences
+    # below the axes: inside, the steps reach every height somewhere along the run
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     ax.grid(True, alpha=0.3)
     _titled(ax, "How full the batch is", _device(results))
     return ax.figure

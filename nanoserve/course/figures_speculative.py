@@ -36,15 +36,19 @@ def plot_acceptance(comps: Sequence, label, ax=None):
     """Per draft position, the fraction of verify steps that accepted it, a bar group per task."""
     ax = get_axes(ax)
     width = 0.8 / max(len(comps), 1)
+    positions = 0
     for i, c in enumerate(comps):
         rates = c.on[0].per_position()
+        positions = max(positions, len(rates))
         ax.bar(np.arange(1, len(rates) + 1) + (i - (len(comps) - 1) / 2) * width, rates, width,
                label=f"{c.task}: {c.on[0].acceptance_rate:.0%} of drafts accepted")
+    ax.set_xticks(range(1, positions + 1))  # whole positions: there is no draft 1.5
     ax.set_xlabel("draft position j (1 = the first guessed token)")
     ax.set_ylabel("share of verify steps accepting draft j")
     ax.set_ylim(0, 1.05)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    # below the axes: bars of every height fill the panel's top
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
     titled(ax, "Prompt lookup (ngram): acceptance by position", label)
     return ax.figure
 

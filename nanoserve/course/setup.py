@@ -269,6 +269,20 @@ def generate(engine_or_llm, prompts: Sequence[list[int]], params: SamplingParams
     return [final[i] for i in ids]
 
 
+def shown_path(arg) -> str:
+    """A model path or command argument as a lesson prints it: inside the checkout, relative to it
+    (nanoserve/assets/demo-model); under the home folder, from ~; anything else as it is. A
+    learner's absolute paths say nothing to anyone else reading the output, a deck's audience."""
+    arg = os.fspath(arg)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if not os.path.isabs(arg):
+        return arg
+    if os.path.commonpath([root, arg]) == root:
+        return os.path.relpath(arg, root)
+    home = os.path.expanduser("~")
+    return "~" + arg[len(home):] if home != "/" and os.path.commonpath([home, arg]) == home else arg
+
+
 def slo_text(slo: dict) -> str:
     """{"ttft": 0.12, "tpot": 0.0264} -> 'ttft<=120ms,tpot<=26.4ms' (three significant digits)."""
     return ",".join(f"{k}<={v * 1e3:.3g}ms" for k, v in slo.items())

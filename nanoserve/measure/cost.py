@@ -154,7 +154,7 @@ class CostReport:
         if self.model is not None:
             m = self.model
             lines.append(f"step time = {m.a * 1e3:.3f} ms + {m.b * 1e6:.2f} us/prefill tok + "
-                         f"{m.c * 1e6:.2f} us/decode tok (R^2 {m.r2:.3f})")
+                         f"{m.c * 1e6:.2f} us/decode tok (R² {m.r2:.3f})")
         lines.append(f"{'':<32}{'$/1M in':>10}{'$/1M out':>10}{'out/in':>8}")
         lines.append(f"{'this run':<32}{self.usd_per_1m_input:>10.4f}"
                      f"{self.usd_per_1m_output:>10.4f}{self.output_input_ratio:>8.2f}")

@@ -29,6 +29,25 @@ def get_axes(ax, size=(8, 4)):
     return ax
 
 
+def plain_log_ticks(ax, axis: str = "y") -> None:
+    """Label the log axis "x", "y" or "both" of ax with plain numbers (0.01, 20, 300) instead of
+    powers (10^2, 6x10^0, 2^4); minor ticks (2, 3, 5 x a decade) are labelled only when the axis
+    spans under two decades, and every one when it spans under 3x (else it might show no label).
+    A linear axis is left as it is."""
+    from matplotlib.ticker import FuncFormatter
+    for a in (ax.xaxis, ax.yaxis) if axis == "both" else (getattr(ax, f"{axis}axis"),):
+        if a.get_scale() != "log":
+            continue
+
+        def minor(v, _, a=a):
+            lo, hi = sorted(a.get_view_interval())
+            if lo <= 0 or hi / lo > 100 or (hi / lo > 3 and f"{v:.1e}"[0] not in "235"):
+                return ""
+            return f"{v:.6g}"
+        a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
+        a.set_minor_formatter(FuncFormatter(minor))
+
+
 def _threads(n: int) -> str:
     return f" ({n} thread{'' if n == 1 else 's'})"
 
@@ -81,7 +100,7 @@ def plot_timeline(result, ax=None):
     ax.legend(handles=[Patch(color=PREFILL_COLOR, label="prefill"),
                        Patch(color=DECODE_COLOR, label="decode"),
                        Line2D([], [], color="k", marker="|", ls="", label="arrival")],
-              loc="upper right", fontsize=8)
+              loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside: inside, it hides bars
     ax.set_ylim(len(arrivals) - 0.5, -0.5)  # request 0 on top
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel("request (workload order)")

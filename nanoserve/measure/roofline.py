@@ -220,17 +220,19 @@ def plot_roofline(ceilings: DeviceCeilings, dtype: str | torch.dtype,
     ax.axhline(peak / 1e9, color="tab:red", ls="--", lw=1,
                label=f"compute: {peak / 1e9:.0f} GFLOP/s ({name} matmul)")
     ax.axvline(ridge, color="grey", ls=":", lw=1)
-    # left of the ridge: the points of a batch sweep crowd its right
-    ax.annotate(f"ridge {ridge:.1f} FLOP/B", (ridge, peak / 1e9), textcoords="offset points",
-                xytext=(-5, -15), ha="right", fontsize=9, color="grey")
+    # along the ridge line, on its left under the slope: the roof lines cross any label near the
+    # corner, and the points of a batch sweep crowd the right
+    ax.text(ridge / 1.04, 0.25, f"ridge {ridge:.1f} FLOP/B", transform=ax.get_xaxis_transform(),
+            rotation=90, ha="right", va="bottom", fontsize=9, color="grey")
     for label, intensity, achieved in points:
         ax.plot(intensity, achieved / 1e9, "o")
         ax.annotate(label, (intensity, achieved / 1e9), textcoords="offset points",
                     xytext=(5, 4), fontsize=9)
-    from nanoserve.measure.figures import device_label
+    from nanoserve.measure.figures import device_label, plain_log_ticks
     ax.set_title(f"Roofline ({name}), {device_label(ceilings)}")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("attainable performance (GFLOP/s)")
+    plain_log_ticks(ax, "both")
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     return ax.figure

@@ -8,7 +8,6 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-from matplotlib.text import Annotation  # noqa: E402
 
 from nanoserve.course import annotate, figures  # noqa: E402
 from nanoserve.course.experiments import DecodePoint  # noqa: E402
@@ -30,7 +29,7 @@ def close():
 def label_boxes(fig):
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
-    return [t.get_window_extent(r) for t in fig.axes[0].texts if isinstance(t, Annotation) and t.get_text()]
+    return [t.get_window_extent(r) for t in fig.axes[0].texts if t.get_text()]
 
 
 def overlaps(boxes):

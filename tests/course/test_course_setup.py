@@ -78,3 +78,12 @@ def test_table_as_text_and_html():
     assert "title" in text and "1.23" in text and "nan" in text
     assert "<table>" in t._repr_html_() and "<caption>title</caption>" in t._repr_html_()
     assert setup.slo_text({"ttft": 0.12, "tpot": 0.026}) == "ttft<=120ms,tpot<=26ms"
+
+
+def test_shown_path_hides_where_the_checkout_and_home_are(monkeypatch, tmp_path):
+    assert setup.shown_path(DEMO_MODEL_DIR) == "nanoserve/assets/demo-model"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert setup.shown_path(str(tmp_path / ".cache" / "hub" / "m")) == "~/.cache/hub/m"
+    assert setup.shown_path("preset:tiny") == "preset:tiny"
+    assert setup.shown_path("--num-kv-blocks") == "--num-kv-blocks"
+    assert setup.shown_path("/opt/models/m") == "/opt/models/m"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from nanoserve.measure.figures import plain_log_ticks
+
 
 def show_figure(out, draw) -> None:
     """Replace what an ipywidgets Output shows with the figure `draw()` returns, as one PNG.
@@ -34,19 +36,9 @@ def show_figure(out, draw) -> None:
 
 
 def log_axis(ax, which: str = "x") -> None:
-    """A log axis labelled with plain numbers (0.01, 20, 300) instead of powers of ten; minor
-    ticks (2, 3, 5 x a decade) are labelled only when the axis spans under two decades."""
-    from matplotlib.ticker import FuncFormatter
-    axis = ax.xaxis if which == "x" else ax.yaxis
+    """A log axis labelled with plain numbers (measure.figures.plain_log_ticks)."""
     (ax.set_xscale if which == "x" else ax.set_yscale)("log")
-
-    def minor(v, _):
-        lo, hi = sorted(axis.get_view_interval())
-        if lo <= 0 or hi / lo > 100 or f"{v:.1e}"[0] not in "235":
-            return ""
-        return f"{v:.6g}"
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
-    axis.set_minor_formatter(FuncFormatter(minor))
+    plain_log_ticks(ax, which)
 
 
 def plot_ccdf(ax, values_ms, **kw) -> None:

@@ -47,7 +47,7 @@ def plot_step_time_fit(results, ax=None):
         a.grid(True, alpha=0.3)
         a.legend(fontsize=8)
     ax_d.set_title(f"Decode: one token per request per step\n{result.device_label}", fontsize=10)
-    ax_p.set_title(f"Prefill: many tokens per step (fit R^2 {fit.r2:.2f})\n{result.device_label}",
+    ax_p.set_title(f"Prefill: many tokens per step (fit $R^2$ {fit.r2:.2f})\n{result.device_label}",
                    fontsize=10)
     return ax_d.figure
 
@@ -67,15 +67,17 @@ def plot_cost_view(data: dict, axes) -> None:
     """Left: $/1M input and output tokens per batch cap. Right: output/input ratio, this device
     (measured) beside providers' list prices."""
     ax, bx = axes
+    # dots, not bars: on a log axis a bar's length depends on where the axis happens to start
     x = np.arange(len(data["runs"]))
-    ax.bar(x - 0.2, data["in"], 0.4, color=PREFILL_COLOR, label="per 1M input tokens")
-    ax.bar(x + 0.2, data["out"], 0.4, color=DECODE_COLOR, label="per 1M output tokens")
-    for xi, v in zip(x, data["out"]):
-        ax.text(xi + 0.2, v, f"${v:.3g}", ha="center", va="bottom", fontsize=7)
-    for xi, v in zip(x, data["in"]):
-        ax.text(xi - 0.2, v, f"${v:.3g}", ha="center", va="bottom", fontsize=7)
+    ax.plot(x, data["in"], "o-", color=PREFILL_COLOR, label="per 1M input tokens")
+    ax.plot(x, data["out"], "s-", color=DECODE_COLOR, label="per 1M output tokens")
+    for xi, v in [*zip(x, data["out"]), *zip(x, data["in"])]:
+        ax.annotate(f"${v:.3g}", (xi, v), textcoords="offset points", xytext=(0, 6), ha="center",
+                    va="bottom", fontsize=8)
     ax.set_xticks(x, [str(r) for r in data["runs"]])
+    ax.set_xlim(-0.5, len(x) - 0.5)
     log_axis(ax, "y")
+    ax.margins(y=0.15)  # room for the price above the top dot
     ax.set_xlabel("max_num_seqs (batch cap)")
     ax.set_ylabel("USD per 1M tokens (log)")
     ax.legend(fontsize=8)
@@ -85,7 +87,10 @@ def plot_cost_view(data: dict, axes) -> None:
     names += [f"{n} (list price, {date})" for n, (_, _, date) in data["providers"].items()]
     vals = list(data["ratio"]) + [v for v, _, _ in data["providers"].values()]
     colors = ["tab:green"] * len(data["runs"]) + ["0.6"] * len(data["providers"])
-    bx.barh(range(len(vals)), vals, color=colors)
+    # from 1 (output as dear as input) to the ratio: on this log axis 1 is where the length means something
+    bx.hlines(range(len(vals)), 1, vals, color=colors, lw=3)
+    bx.scatter(vals, range(len(vals)), color=colors, zorder=3)
+    bx.axvline(1, color="0.3", lw=1)
     bx.set_yticks(range(len(vals)), names, fontsize=8)
     bx.invert_yaxis()
     log_axis(bx, "x")

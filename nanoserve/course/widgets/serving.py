@@ -55,8 +55,9 @@ def plot_metric_distributions(result, axes=None):
     import matplotlib.pyplot as plt
 
     from nanoserve.measure.metrics import REQUEST_METRICS
-    if axes is None:
-        _, axes = plt.subplots(1, 4, figsize=(14, 3.4), constrained_layout=True)
+    if axes is None:  # 2 x 2: four panels in a row would be shrunk to fit a notebook's width
+        _, axes = plt.subplots(2, 2, figsize=(10, 6.2), constrained_layout=True)
+    axes = np.ravel(axes)
     done = [o for o in result.outputs if completed(o)]
     series = {"TTFT": [REQUEST_METRICS["ttft"](o) for o in done],
               "TPOT": [v for v in map(REQUEST_METRICS["tpot"], done) if v is not None],
@@ -67,13 +68,15 @@ def plot_metric_distributions(result, axes=None):
         ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", color=DECODE_COLOR)
         for p, ls in ((50, "-"), (90, "--"), (99, ":")):
             v = np.percentile(x, p)
-            ax.axvline(v, color="0.3", ls=ls, lw=1, label=f"p{p} {v:.0f} ms")
+            shown = f"{v:.2g}" if v < 10 else f"{v:.0f}"  # "3 ms" would hide a 2.6 vs 3.4 difference
+            ax.axvline(v, color="0.3", ls=ls, lw=1, label=f"p{p} {shown} ms")
         log_axis(ax, "x")
         ax.set_xlabel(f"{name} (ms, log)")
         ax.set_title(f"{name}: {len(x)} {'gaps' if name == 'ITL' else 'requests'}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
-    axes[0].set_ylabel("fraction at or below")
+        ax.legend(fontsize=8, loc="lower right")
+        if ax.get_subplotspec() is None or ax.get_subplotspec().is_first_col():
+            ax.set_ylabel("fraction at or below")
     axes[0].figure.suptitle(f"Latency distributions of one run, {result.device_label}", fontsize=10)
     return axes[0].figure
 
@@ -121,8 +124,8 @@ def plot_ttft_vs_input(sweep, ax=None):
     ax.set_ylabel("TTFT (ms, log)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(f"TTFT against prompt length: {sweep.growth:.0f}x from {x[0]:.0f} to {x[-1]:.0f} tokens\n"
-                 f"{sweep.device_label}", fontsize=10)
+    ax.set_title(f"TTFT grew {sweep.growth:.0f}x as the prompt grew {x[-1] / x[0]:.0f}x ({x[0]:.0f} to "
+                 f"{x[-1]:.0f} tokens)\n{sweep.device_label}", fontsize=10)
     return ax.figure
 
 
@@ -189,10 +192,11 @@ def plot_dashboard(data: dict, axes, measured: dict | None = None) -> None:
         ax.set_title(name, fontsize=10)
     title = (f"rate {p['rate']:.2f} req/s, max_num_seqs {p['max_num_seqs']}, "
              f"max_num_batched_tokens {p['max_num_batched_tokens']}: goodput {data['goodput']:.2f} req/s "
-             f"({100 * data['attainment']:.0f}% within {slo_text(data['slo'])}), modelled")
+             f"({100 * data['attainment']:.0f}% within {slo_text(data['slo'])})")
     if measured is not None:
         title += f"; measured goodput {measured['goodput']:.2f} req/s"
-    # the device once, for all three panels (JupyterLab's width leaves no room for it in each)
+    # the device once, for all three panels (JupyterLab's width leaves no room for it in each);
+    # data["label"] begins "modelled:", naming what the first line's figures come from
     title += f"\n{data['label']}" + (f"; dashed: {measured['label']}" if measured is not None else "")
     axes[0].figure.suptitle(title, fontsize=10)
 

@@ -1,0 +1,79 @@
+"""What a screenshot review of the lessons found hard to read, kept fixed: log axes in plain
+numbers, an SLO far above the data drawn as a note (not a line squashing the curves), whole
+draft positions, and a roofline's point labels off its lines."""
+
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from nanoserve.course import annotate  # noqa: E402
+from nanoserve.course import figures_speculative as spec_figs  # noqa: E402
+from nanoserve.course.widgets.disaggregation import _slo_line  # noqa: E402
+from nanoserve.measure.figures import plain_log_ticks  # noqa: E402
+from nanoserve.measure.roofline import DeviceCeilings  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close():
+    yield
+    plt.close("all")
+
+
+def tick_labels(axis) -> list[str]:
+    axis.figure.canvas.draw()
+    return [t.get_text() for t in axis.get_majorticklabels() + axis.get_minorticklabels() if t.get_text()]
+
+
+def test_log_ticks_read_as_plain_numbers():
+    _, ax = plt.subplots()
+    ax.semilogy([1, 2], [5, 40])
+    plain_log_ticks(ax)
+    labels = tick_labels(ax.yaxis)
+    assert "10" in labels and "20" in labels, labels
+    assert not any("times" in t or "^" in t for t in labels), labels
+    _, ax = plt.subplots()
+    ax.semilogy([1, 2], [65, 75])  # under 3x: every minor tick named, so the axis has labels
+    plain_log_ticks(ax)
+    assert {"70"} <= set(tick_labels(ax.yaxis))
+
+
+def test_an_slo_far_above_the_data_is_a_note_not_a_line():
+    _, ax = plt.subplots()
+    ax.set_yscale("log")
+    ax.plot([1, 2, 3], [65, 72, 75])
+    _slo_line(ax, 400, [65, 72, 75])
+    assert not [ln for ln in ax.lines if ln.get_label().startswith("SLO")]
+    assert any("SLO 400 ms" in t.get_text() for t in ax.texts)
+    assert ax.get_ylim()[1] < 400 and ax.get_ylim()[1] / ax.get_ylim()[0] >= 4
+    _, ax = plt.subplots()
+    ax.set_yscale("log")
+    _slo_line(ax, 100, [65, 72, 75])
+    assert [ln.get_label() for ln in ax.lines] == ["SLO 100 ms"] and not ax.texts
+
+
+def test_draft_positions_are_whole_numbers():
+    on = SimpleNamespace(per_position=lambda: [1.0, 0.8, 0.5], acceptance_rate=0.77)
+    fig = spec_figs.plot_acceptance([SimpleNamespace(task="quote-back", on=[on])], "measured on a test CPU")
+    assert list(fig.axes[0].get_xticks()) == [1, 2, 3]
+
+
+def test_roofline_labels_stay_off_the_roof_lines():
+    ceilings = DeviceCeilings("cpu", "test CPU", 1, "2.13", "2026-11-30", False, 30e9, 26.5e9,
+                              {"float32": 187e9, "bfloat16": 400e9})
+    near_roof = [("b=64", 28.0, 158e9), ("b=256", 85.0, 172e9)]
+    fig = annotate.roofline(ceilings, "float32", near_roof)
+    ax = fig.axes[0]
+    r = fig.canvas.get_renderer()
+    lines = [annotate._line_pixels(ln) for ln in ax.lines if len(ln.get_xdata()) > 1]
+    for t in ax.texts:
+        if t.get_text():
+            box = t.get_window_extent(r)
+            crossed = [p for p in lines if np.any((p[:, 0] >= box.x0) & (p[:, 0] <= box.x1)
+                                                  & (p[:, 1] >= box.y0) & (p[:, 1] <= box.y1))]
+            assert not crossed, t.get_text()
