@@ -98,6 +98,10 @@ def test_real_layouts_end_to_end_on_the_tiny_preset():
     assert t[("bytes", "save")] == t[("bytes", "load")] == per_token * sum(prompts)
     assert t[("failures", "save")] == t[("failures", "load")] == 0
     assert runs["colocated"].transfers is None
+    threads = exp.threads()  # the legend's labels name each layout's thread count
+    assert runs["colocated"].layout == f"colocated, {threads[0]} thread{'s' * (threads[0] != 1)}"
+    assert runs["disaggregated"].layout.startswith("disaggregated 1P:1D, ")
+    assert runs["disaggregated"].layout.endswith((" thread each", " threads each"))
     row = real.layout_row("d", runs["disaggregated"].outputs, 2, exp.slo)
     assert not math.isnan(row["long TTFT median (ms)"]) and row["decoder ITL max (ms)"] > 0
     fit = TransferFit(0.001, 1e9)

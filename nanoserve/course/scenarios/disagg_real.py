@@ -158,7 +158,7 @@ def colocated_server(setup: RealSetup):
         yield srv
 
 
-def _threads(n: int) -> str:
+def _thread_count(n: int) -> str:
     return f"{n} thread{'' if n == 1 else 's'}"
 
 
@@ -166,7 +166,7 @@ def run_colocated(setup: RealSetup) -> LayoutRun:
     with colocated_server(setup) as srv:
         _warm_up(srv.base_url, setup)
         res = _load(srv.base_url, setup, setup.requests)
-    return LayoutRun(f"colocated, {_threads(setup.threads()[0])}", res, setup.interference.num_decoders)
+    return LayoutRun(f"colocated, {_thread_count(setup.threads()[0])}", res, setup.interference.num_decoders)
 
 
 def run_disaggregated(setup: RealSetup) -> LayoutRun:
@@ -176,7 +176,7 @@ def run_disaggregated(setup: RealSetup) -> LayoutRun:
         res = _load(dep.base_url, setup, setup.requests)
         after = _transfers(dep)
     moved = {k: after[k] - before.get(k, 0.0) for k in after}
-    return LayoutRun(f"disaggregated 1P:1D, {_threads(setup.threads()[1])} each", res,
+    return LayoutRun(f"disaggregated 1P:1D, {_thread_count(setup.threads()[1])} each", res,
                      setup.interference.num_decoders, moved)
 
 
