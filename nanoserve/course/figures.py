@@ -105,7 +105,7 @@ def plot_cache_comparison(with_cache, without, prompt_len: int, label, ax=None, 
                     label=f"reference ({name})" if key == "with" else None)
     ax.set_yscale("log")
     ax.set_xlabel("tokens in the sequence before this one")
-    ax.set_ylabel("time for this token\n(ms, log scale; median of repeats)")
+    ax.set_ylabel("ms for this token\n(log; median of repeats)")
     plain_log_ticks(ax)
     # below the axes, one column: the recompute curve climbs through any corner inside, and two
     # columns of the reference's long label would be wider than the figure

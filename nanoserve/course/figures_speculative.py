@@ -59,13 +59,16 @@ def plot_speedup(comps: Sequence, ratios: dict[int, float], label, ax=None):
     names = [f"{c.task}\nbatch {c.on[0].batch}" + (f"\n{c.on[0].label}" if c.on[0].label != "ngram" else "")
              for c in comps]
     x = np.arange(len(comps))
-    ax.bar(x - 0.2, [c.speedup for c in comps], 0.4, color=MEASURED_COLOR, label="measured")
-    ax.bar(x + 0.2, [c.predicted_speedup(ratios[c.on[0].batch]) for c in comps], 0.4,
-           color=MODELLED_COLOR, alpha=0.7, label="simple model (from measured acceptance, verify cost)")
+    measured = [c.speedup for c in comps]
+    predicted = [c.predicted_speedup(ratios[c.on[0].batch]) for c in comps]
+    ax.bar(x - 0.2, measured, 0.4, color=MEASURED_COLOR, label="measured")
+    ax.bar(x + 0.2, predicted, 0.4, color=MODELLED_COLOR, alpha=0.7,
+           label="simple model (from measured acceptance, verify cost)")
     ax.axhline(1.0, color="gray", lw=1)
     ax.set_xticks(x, names, fontsize=8)
     ax.set_ylabel("decode speedup (TPOT without / with)")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.35 * max(measured + predicted + [1.0]))  # headroom: the legend above the bars
+    ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, axis="y", alpha=0.3)
     titled(ax, "Speedup: measured and predicted", label)
     return ax.figure

@@ -22,7 +22,7 @@ from nanoserve.outputs import RequestOutput
 from nanoserve.sampling_params import SamplingParams
 from nanoserve.serve.async_engine import AsyncEngine, RequestStream
 
-WARMUP, REQUESTS = 24, 120
+WARMUP, REQUESTS = 100, 196  # a warm-up past the capped caches' 64 shapes, then 96 new ones
 MAX_GROWTH = 16e6  # bytes of malloc'd memory the soak may add after warm-up (the leak: several times that)
 
 
@@ -46,7 +46,7 @@ def live(*types) -> int:
 async def one(ae: AsyncEngine, i: int) -> str:
     """Request i: a prompt of its own length (a new prefill shape), closed early every 5th,
     refused (a token outside the vocabulary) every 7th."""
-    prompt = [1 + (j * 7 + i) % 4000 for j in range(3 + (3 * i) % 300)]
+    prompt = [1 + (j * 7 + i) % 4000 for j in range(3 + (5 * i) % 397)]  # 397 lengths before one repeats
     if i % 7 == 3:
         prompt[0] = 10**6
     try:

@@ -101,7 +101,7 @@ def plot_stratified(results: dict, metric: str = "e2e", buckets=(1, 8, 16, 32, 6
         ax.bar(x, np.nan_to_num(med), width, color=colors[j % len(colors)], label=n)
         for xi, v, c in zip(x, med, cnt):
             if c:
-                ax.text(xi, v, f"n={c}", ha="center", va="bottom", fontsize=7)
+                ax.text(xi, v, f"n={c}", ha="center", va="bottom", fontsize=9)
     ax.set_xticks(range(len(labels) + 1), labels + ["all"])
     ax.set_xlabel(f"{by} length bucket (tokens)")
     ax.set_ylabel(f"median {metric.upper()} (ms)")
