@@ -22,8 +22,9 @@ namespace nanoserve {
 
 constexpr int64_t kTileBytes = 64 << 10;  // of weight rows: fits the L2 of any x86 core
 
-// run(m, x, y, r0, r1, pair): output rows [r0, r1) of row m of x (staged in fp32 at x) (two rows `in` apart when pair),
-// into y (two rows `out` apart); weight_row_bytes: one weight row as stored
+// run(m, x, y, r0, r1, pair): output rows [r0, r1) of row m of x, staged in fp32 at x (rows m and
+// m + 1, `in` apart, when pair), into y (two rows `out` apart); weight_row_bytes: one weight row
+// as stored
 template <typename T, typename Run>
 void few_rows_linear(const at::Tensor& y, const at::Tensor& x, int64_t out, int64_t weight_row_bytes,
                      const std::optional<at::Tensor>& bias, Run run) {

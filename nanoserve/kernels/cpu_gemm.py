@@ -163,9 +163,8 @@ def pack_model(model) -> None:
     lm_head beside the dense one (a tied model's embedding lookup needs the dense rows; an untied
     one keeps its `lm_head` parameter for state_dict). Dense copies are kept for the GEMV while the
     weights take at most an eighth of the machine's memory (room_for_dense), moved onto huge pages
-    (cpu_huge_pages); a bf16 model on a CPU
-    without bf16 kernels keeps its dense weights in any case (compute_dtype). Nothing where oneDNN
-    cannot run the weights' dtype."""
+    (cpu_huge_pages); a bf16 model on a CPU without bf16 kernels keeps its dense weights in any
+    case (compute_dtype). Nothing where oneDNN cannot run the weights' dtype."""
     weight = model.lm_head_weight()
     if weight.device.type != "cpu" or compute_dtype(weight.dtype) is None:
         return
