@@ -3,8 +3,8 @@
 A batch-1 decode step reads every weight once, so its speed is the rate at which the weights
 stream in. On 4 KiB pages each 4 KiB of weight needs its own address translation, and on a
 virtual machine (a page walk through the guest's and the host's tables) that rate can fall well
-below the machine's and vary from one allocation to the next
-(benchmarks/results/gemv-xeon-2026-12-02.md). On 2 MiB pages it does not. Linux backs memory
+below the machine's and vary from one allocation to the next (benchmarks/quantization.py
+measures the GEMVs' rate). On 2 MiB pages it does not. Linux backs memory
 with huge pages where it was marked MADV_HUGEPAGE before it was first touched (THP "madvise", a
 common default, or "always"); torch's allocator marks its own blocks only under
 THP_MEM_ALLOC_ENABLE=1, read once at its first allocation, before a library is imported. So the

@@ -28,9 +28,9 @@
 #include "cpu_common.h"
 #include "cpu_few_rows.h"
 
-// Sixteen codes a vector on AVX-512 CPUs other than AMD's Zen 4, which runs a 512-bit instruction
-// as two 256-bit halves: the wider loop was slower there (benchmarks/results/gemv-512bit-*.md);
-// GCC 12.2 builds for a Zen 4 as a Zen 3 with AVX-512 flags, hence both names
+// Sixteen codes a vector on AVX-512 CPUs that run a 512-bit instruction at full width; on a CPU
+// that splits it into two 256-bit halves the wider loop was slower (benchmarks/quantization.py,
+// results in benchmarks/results/), and the compiler names such CPUs either of the two below
 #if defined(__AVX512F__) && defined(__F16C__) && !defined(__znver3__) && !defined(__znver4__)
 #define WIDE16
 #endif
