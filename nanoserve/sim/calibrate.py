@@ -44,8 +44,9 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
     least absolute deviation, coefficients kept >= 0): short decode steps count as much as
     long prefills, and the fit follows the typical step rather than the noise, which on a
     shared machine only ever slows steps down. The residuals (measured minus fitted seconds,
-    kept apart for decode-only steps and steps with prefill, whose noise differs) stay with
-    the model: the simulator adds one to each step, so its tails carry this machine's noise
+    kept apart for decode-only steps and steps with prefill, whose noise differs, each with
+    its fitted time) stay with the model: the simulator adds to each step the residual of a
+    measured step of about its size, so its tails carry this machine's noise
     (replace(cost_model, residuals={}) for a noiseless model).
     """
     if len(trace) < 5:
@@ -65,8 +66,12 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
     pred = x @ coef
     res = t - pred
     prefill = np.asarray([s.num_prefill_tokens > 0 for s in trace])
+
+    def by_fitted_time(m):  # (fitted, residual) seconds of the steps m selects
+        return tuple(sorted(zip(pred[m].tolist(), res[m].tolist())))
+
     # a kind the run never had borrows the other's residuals
-    residuals = {k: tuple((res[m] if m.any() else res).tolist())
+    residuals = {k: by_fitted_time(m if m.any() else ~m)
                  for k, m in (("prefill", prefill), ("decode", ~prefill))}
     cm = CostModel(*coef, combine="sum", dtype=dtype, label=label, residuals=residuals,
                    min_ratio=float((t / pred).min()))

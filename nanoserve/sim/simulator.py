@@ -28,6 +28,7 @@ previous step's kernels, and anything the placeholder tokens change (stop string
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import random
 import time
@@ -43,6 +44,8 @@ from nanoserve.measure.workload import Workload
 from nanoserve.outputs import RequestOutput
 from nanoserve.sim.devices import DeviceProfile, num_kv_blocks
 
+NEIGHBOURS = 16  # measured steps a simulated step draws its noise from
+
 
 @dataclass
 class CostModel:
@@ -56,10 +59,12 @@ class CostModel:
     combine: str = "max"  # "max" (roofline) or "sum" (fitted)
     dtype: str = "bfloat16"
     label: str = ""  # where the numbers come from
-    # measured noise (calibrate): each simulated step adds a residual (seconds) drawn at random
-    # from those of its kind, "decode" (decode-only steps) or "prefill" (any prefill token),
-    # but never runs faster than min_ratio of its modelled time. Empty: no noise.
-    residuals: dict[str, tuple[float, ...]] = field(default_factory=dict, repr=False)
+    # measured noise (calibrate): (modelled seconds, residual seconds) of each measured step of
+    # a kind, "decode" (decode-only steps) or "prefill" (any prefill token), by modelled time.
+    # Each simulated step adds the residual of one of the NEIGHBOURS measured steps of its kind
+    # nearest it in modelled time, but never runs faster than min_ratio of its modelled time.
+    # Empty: no noise.
+    residuals: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict, repr=False)
     min_ratio: float = 0.0
 
     def __post_init__(self):
@@ -81,6 +86,15 @@ class CostModel:
             + cost.flops["attention"] * self.s_attn
         busy = max(memory, compute) if self.combine == "max" else memory + compute
         return self.overhead + self.per_seq * num_seqs + busy
+
+    def noisy_step_time(self, t: float, kind: str, rng: random.Random) -> float:
+        """A modelled step time t plus a residual of a measured step like it. Near steps, not
+        the whole run: the fit's error depends on a step's size, and a residual drawn from any
+        step turns that error into variance, which lengthens the simulated queues."""
+        steps = self.residuals[kind]
+        i = bisect.bisect(steps, t, key=lambda s: s[0])
+        lo = max(0, min(i - NEIGHBOURS // 2, len(steps) - NEIGHBOURS))
+        return max(t + rng.choice(steps[lo:lo + NEIGHBOURS])[1], t * self.min_ratio)
 
     def describe(self) -> str:
         def rate(s, unit, scale):
@@ -141,8 +155,7 @@ class SimExecutor(Executor):
         t = cm.step_time(step_cost(self.model_config, batch, self.dtype_bytes,
                                    self.kv_cache_dtype.itemsize), len(batch))
         if cm.residuals:
-            noise = cm.residuals["prefill" if out.num_prefill_tokens else "decode"]
-            t = max(t + self.rng.choice(noise), t * cm.min_ratio)
+            t = cm.noisy_step_time(t, "prefill" if out.num_prefill_tokens else "decode", self.rng)
         self.clock.now += t
         return {s.request_id: self.token for s in out.seqs if s.sample}
 

@@ -6,6 +6,7 @@ simulator, calibrated on that run's trace, reproduces its TTFT and ITL medians a
 
 import json
 import os
+import random
 import time
 from dataclasses import asdict, replace
 
@@ -144,6 +145,18 @@ def test_calibrate_recovers_a_known_cost_model():
         calibrate(res.trace[:3], cfg)
 
 
+
+def test_a_step_draws_its_noise_from_measured_steps_of_its_size():
+    small = [(1e-3 + i * 1e-6, 1e-4) for i in range(20)]  # 1 ms steps, slowed 0.1 ms
+    large = [(10e-3 + i * 1e-6, 5e-3) for i in range(20)]  # 10 ms steps, slowed 5 ms
+    cm = CostModel(0, 0, 0, 0, 0, combine="sum", residuals={"decode": tuple(small + large)},
+                   min_ratio=0.5)
+    rng = random.Random(0)
+    assert {cm.noisy_step_time(1e-3, "decode", rng) for _ in range(200)} == {1.1e-3}
+    assert {cm.noisy_step_time(20e-3, "decode", rng) for _ in range(200)} == {25e-3}
+    few = replace(cm, residuals={"decode": ((1e-3, -9e-3), (2e-3, 1e-3))})  # fewer than NEIGHBOURS
+    assert {few.noisy_step_time(4e-3, "decode", rng) for _ in range(200)} == {2e-3, 5e-3}
+
 # --- disaggregation ----------------------------------------------------------------------
 
 def test_disaggregated_ttft_includes_the_kv_transfer():
@@ -241,7 +254,8 @@ def scaled(cm: CostModel, factor: float) -> CostModel:
     """A wrong cost model: every step `factor` times as long (the mutant the test must catch)."""
     return replace(cm, overhead=cm.overhead * factor, per_seq=cm.per_seq * factor,
                    s_byte=cm.s_byte * factor, s_flop=cm.s_flop * factor, s_attn=cm.s_attn * factor,
-                   residuals={k: tuple(r * factor for r in v) for k, v in cm.residuals.items()})
+                   residuals={k: tuple((p * factor, r * factor) for p, r in v)
+                              for k, v in cm.residuals.items()})
 
 
 def simulated_stats(w, cost_model, config, seeds=10) -> dict[str, float]:
