@@ -107,69 +107,73 @@ struct Fp8Code {
 #endif
 };
 
-// Output rows [r0, r1) for M rows of x (fp32, `in` apart); `group` (a multiple of 8) values share
-// a scale, `groups` scales a row. Four chains of multiply-adds per x row within a group, as in
-// cpu_gemv.cpp.
-template <typename Code, int M>
-void rows(const uint8_t* q, const float* scale, const float* x, float* y, int64_t r0, int64_t r1,
-          int64_t in, int64_t out, int64_t group) {
-  const int64_t groups = in / group;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* qr = q + r * in;
-    vf8 acc[M] = {};
-    for (int64_t g = 0; g < groups; ++g) {
-      vf8 part[M][4] = {};
-      const int64_t end = (g + 1) * group;
-      int64_t i = g * group;
-      for (; i + 32 <= end; i += 32) {
-        nanoserve::prefetch_ahead(qr + i);  // twice a line: cheaper than a test
-        for (int c = 0; c < 4; ++c) {
-          const vf8 wv = Code::load(qr + i + 8 * c);
-          for (int m = 0; m < M; ++m) part[m][c] = fma8(wv, load8(x + m * in + i + 8 * c), part[m][c]);
-        }
-      }
-      for (; i < end; i += 8) {  // a group of 8k values, k not a multiple of 4: the rest
-        const vf8 wv = Code::load(qr + i);
-        for (int m = 0; m < M; ++m) part[m][0] = fma8(wv, load8(x + m * in + i), part[m][0]);
-      }
-      const vf8 s = vf8{} + scale[r * groups + g] * Code::kScale;
-      for (int m = 0; m < M; ++m) acc[m] = fma8(s, (part[m][0] + part[m][1]) + (part[m][2] + part[m][3]), acc[m]);
-    }
-    for (int m = 0; m < M; ++m) y[m * out + r] = sum8(acc[m]);
-  }
-}
+// The vector a GEMV loop works in: eight fp32 lanes (AVX2, or portable vector code), or sixteen on
+// the CPUs of WIDE16, where a 512-bit instruction costs one 256-bit one's time
+struct Lanes8 {
+  static constexpr int kWidth = 8;
+  using V = vf8;
+  static V zero() { return V{}; }
+  static V splat(float s) { return V{} + s; }
+  template <typename Code>
+  static V codes(const uint8_t* p) { return Code::load(p); }
+  static V load(const float* p) { return load8(p); }
+  static V fma(V a, V b, V c) { return fma8(a, b, c); }
+  static V add(V a, V b) { return a + b; }
+  static float sum(V v) { return sum8(v); }
+};
 
 #if defined(WIDE16)
-// The same with sixteen values a vector, for groups of a multiple of 64 values: half the
-// instructions per weight, where a 512-bit instruction costs one 256-bit one's time
-template <typename Code, int M>
-void rows16(const uint8_t* q, const float* scale, const float* x, float* y, int64_t r0, int64_t r1,
-            int64_t in, int64_t out, int64_t group) {
+struct Lanes16 {
+  static constexpr int kWidth = 16;
+  using V = __m512;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V splat(float s) { return _mm512_set1_ps(s); }
+  template <typename Code>
+  static V codes(const uint8_t* p) { return Code::load16(p); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+};
+#endif
+
+// Output rows [r0, r1) for M rows of x (fp32, `in` apart); `group` (a multiple of the vector width)
+// values share a scale, `groups` scales a row. Four chains of multiply-adds per x row within a
+// group, as in cpu_gemv.cpp.
+template <typename Code, typename L, int M>
+void rows(const uint8_t* q, const float* scale, const float* x, float* y, int64_t r0, int64_t r1,
+          int64_t in, int64_t out, int64_t group) {
+  constexpr int W = L::kWidth;
+  using V = typename L::V;
   const int64_t groups = in / group;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* qr = q + r * in;
-    __m512 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    V acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = L::zero();
     for (int64_t g = 0; g < groups; ++g) {
-      __m512 part[M][4];
-      for (int m = 0; m < M; ++m) for (int c = 0; c < 4; ++c) part[m][c] = _mm512_setzero_ps();
-      for (int64_t i = g * group; i < (g + 1) * group; i += 64) {
-        nanoserve::prefetch_ahead(qr + i);
+      V part[M][4];
+      for (int m = 0; m < M; ++m)
+        for (int c = 0; c < 4; ++c) part[m][c] = L::zero();
+      const int64_t end = (g + 1) * group;
+      int64_t i = g * group;
+      for (; i + 4 * W <= end; i += 4 * W) {
+        nanoserve::prefetch_ahead(qr + i);  // eight lanes: twice a line, cheaper than a test
         for (int c = 0; c < 4; ++c) {
-          const __m512 wv = Code::load16(qr + i + 16 * c);
-          for (int m = 0; m < M; ++m)
-            part[m][c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * in + i + 16 * c), part[m][c]);
+          const V wv = L::template codes<Code>(qr + i + W * c);
+          for (int m = 0; m < M; ++m) part[m][c] = L::fma(wv, L::load(x + m * in + i + W * c), part[m][c]);
         }
       }
-      const __m512 s = _mm512_set1_ps(scale[r * groups + g] * Code::kScale);
+      for (; i < end; i += W) {  // a group of W * k values, k not a multiple of 4: the rest
+        const V wv = L::template codes<Code>(qr + i);
+        for (int m = 0; m < M; ++m) part[m][0] = L::fma(wv, L::load(x + m * in + i), part[m][0]);
+      }
+      const V s = L::splat(scale[r * groups + g] * Code::kScale);
       for (int m = 0; m < M; ++m)
-        acc[m] = _mm512_fmadd_ps(s, _mm512_add_ps(_mm512_add_ps(part[m][0], part[m][1]),
-                                                  _mm512_add_ps(part[m][2], part[m][3])), acc[m]);
+        acc[m] = L::fma(s, L::add(L::add(part[m][0], part[m][1]), L::add(part[m][2], part[m][3])), acc[m]);
     }
-    for (int m = 0; m < M; ++m) y[m * out + r] = _mm512_reduce_add_ps(acc[m]);
+    for (int m = 0; m < M; ++m) y[m * out + r] = L::sum(acc[m]);
   }
 }
-#endif
 
 bool is_fp8(const at::Tensor& q) { return q.scalar_type() == at::kFloat8_e4m3fn; }
 
@@ -192,10 +196,12 @@ void gemv_impl(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, co
   nanoserve::few_rows_linear<T>(y, x, out, in, bias,
                                 [&](int64_t m, const float* xm, float* ym, int64_t r0, int64_t r1, bool pair) {
 #if defined(WIDE16)
-                                  if (group % 64 == 0)
-                                    return (pair ? rows16<Code, 2> : rows16<Code, 1>)(qp, sp, xm, ym, r0, r1, in, out, group);
+                                  if (group % 64 == 0)  // four sixteen-wide chains a step, no rest
+                                    return (pair ? rows<Code, Lanes16, 2> : rows<Code, Lanes16, 1>)(
+                                        qp, sp, xm, ym, r0, r1, in, out, group);
 #endif
-                                  (pair ? rows<Code, 2> : rows<Code, 1>)(qp, sp, xm, ym, r0, r1, in, out, group);
+                                  (pair ? rows<Code, Lanes8, 2> : rows<Code, Lanes8, 1>)(qp, sp, xm, ym, r0, r1, in,
+                                                                                         out, group);
                                 });
 }
 
