@@ -77,6 +77,7 @@ GROUPS = {  # child process -> (its time limit on a GPU, {its sections in order:
                         "nanoserve_offline": 25, "nanoserve_eager_decode": 15}),
     "attention": (30, {"prefill_attention": 10}),
     "big": (60, {"nanoserve_decode_8b": 40}),
+    "big_int8": (60, {"nanoserve_decode_8b_int8": 40}),
     "lessons": (120, {"lesson_00": 10, "lesson_01": 20, "lesson_02": 15, "lesson_03": 30}),
     "lesson": (90, {"lesson_05": 30}),
     "hf": (110, {"hf_decode": 10, "hf_decode_static": 15, "hf_prefill": 8, "hf_decode_compiled": 50}),
@@ -330,13 +331,15 @@ def sec_ceilings(ctx):
         ctx.fig(name, 10 * work / statistics.median(times), unit)
 
 
-def step_cost(ctx, batch, model: str | None = None):
-    """Compulsory FLOPs and bytes of one step of `model` (default: the sections' model)."""
+def step_cost(ctx, batch, model: str | None = None, weight_bytes: float | None = None):
+    """Compulsory FLOPs and bytes of one step of `model` (default: the sections' model);
+    weight_bytes: per weight of the linears, where they are quantized."""
     from nanoserve.measure.roofline import dtype_bytes, step_cost
-    return step_cost(ctx.config(model), batch, dtype_bytes(ctx.S["dtype"]))
+    return step_cost(ctx.config(model), batch, dtype_bytes(ctx.S["dtype"]), weight_dtype_bytes=weight_bytes)
 
 
-def decode_sweep(ctx, step_times, note: str, batches=None, model: str | None = None):
+def decode_sweep(ctx, step_times, note: str, batches=None, model: str | None = None,
+                 weight_bytes: float | None = None):
     """step_times(prompts, n_tokens) -> seconds of each full-batch decode step; figures per batch,
     with the compulsory bytes per step over the step's time (GB/s)."""
     from nanoserve.measure.roofline import decode_batch
@@ -350,8 +353,8 @@ def decode_sweep(ctx, step_times, note: str, batches=None, model: str | None = N
         itl = statistics.median(steps[2:] or steps)
         ctx.fig(f"decode_B{B}_tokens_per_s", B / itl, "tokens/s")
         ctx.fig(f"decode_B{B}_itl", itl * 1e3, "ms")
-        ctx.fig(f"decode_B{B}_GBps", step_cost(ctx, decode_batch(B, context), model).total_bytes / itl / 1e9,
-                "GB/s (compulsory bytes / step time)")
+        cost = step_cost(ctx, decode_batch(B, context), model, weight_bytes)
+        ctx.fig(f"decode_B{B}_GBps", cost.total_bytes / itl / 1e9, "GB/s (compulsory bytes / step time)")
 
 
 def prefill_sweep(ctx, run_one, note: str):
@@ -375,7 +378,8 @@ def throughput(ctx, seconds: float, reqs, n_out: int, **info) -> None:
     ctx.info(requests=len(reqs), input_tokens=n_in, output_tokens=n_out, **info)
 
 
-def nanoserve_decode(ctx, eager: bool, llm=None, batches=None, model: str | None = None):
+def nanoserve_decode(ctx, eager: bool, llm=None, batches=None, model: str | None = None,
+                     weight_bytes: float | None = None):
     from nanoserve import SamplingParams
     llm, batches = llm or ctx.llm(eager), batches or ctx.S["decode_batches"]
 
@@ -387,12 +391,12 @@ def nanoserve_decode(ctx, eager: bool, llm=None, batches=None, model: str | None
     graphs = llm.engine.executor.graphs
     ctx.info(cuda_graphs=bool(graphs is not None and graphs.enabled))
     decode_sweep(ctx, step_times, "median wall time of an engine step decoding the whole batch",
-                 batches, model)
+                 batches, model, weight_bytes)
     if graphs is not None and graphs.enabled:
-        graph_replay(ctx, graphs, batches, model)
+        graph_replay(ctx, graphs, batches, model, weight_bytes)
 
 
-def graph_replay(ctx, graphs, batches, model: str | None) -> None:
+def graph_replay(ctx, graphs, batches, model: str | None, weight_bytes: float | None = None) -> None:
     """GPU time of the captured decode forward alone (no lm_head, sampling or host work): what
     the step would take if the engine's Python cost were zero. The buffers hold the last step's
     inputs, whose blocks are free by now, so replaying writes only to unused KV slots."""
@@ -403,13 +407,13 @@ def graph_replay(ctx, graphs, batches, model: str | None) -> None:
         graph = graphs.graphs[B]
         graph.replay()
         t = statistics.median(ctx.timed(lambda: [graph.replay() for _ in range(20)]) / 20 for _ in range(5))
-        cost = step_cost(ctx, decode_batch(B, ctx.decode_context()), model)
+        cost = step_cost(ctx, decode_batch(B, ctx.decode_context()), model, weight_bytes)
         ctx.fig(f"decode_B{B}_graph_replay", t * 1e3, "ms (model forward, no lm_head)")
         ctx.fig(f"decode_B{B}_graph_replay_GBps", (cost.total_bytes - cost.bytes["lm_head"]) / t / 1e9,
                 "GB/s (compulsory bytes without lm_head / replay time)")
 
 
-def sec_nanoserve_decode_8b(ctx):
+def sec_nanoserve_decode_8b(ctx, quantization: str | None = None):
     """Decode on the largest preset: a step reads 16 GB, so the GPU, not the host, sets its time."""
     from nanoserve import LLM, EngineConfig
     big = BIG["dry" if ctx.dry else "gpu"]
@@ -419,9 +423,14 @@ def sec_nanoserve_decode_8b(ctx):
                        max_model_len=2048, enable_prefix_caching=False,
                        cuda_graph_batch_sizes=big["decode_batches"])
     t = time.perf_counter()
-    llm = LLM(big["model"], device=ctx.dev, dtype=ctx.S["dtype"], seed=0, config=cfg)
-    ctx.info(model=big["model"], load_s=round(time.perf_counter() - t, 2))
-    nanoserve_decode(ctx, False, llm, big["decode_batches"], big["model"])
+    llm = LLM(big["model"], device=ctx.dev, dtype=ctx.S["dtype"], seed=0, config=cfg,
+              quantization=quantization)
+    ctx.info(model=big["model"], quantization=quantization, load_s=round(time.perf_counter() - t, 2))
+    quant = [m for m in llm.engine.model.modules() if hasattr(m, "qweight")]
+    ctx.info(linears=sorted({type(m).__name__ for m in quant}))
+    weight_bytes = sum(m.qweight.nbytes + m.weight_scale.nbytes for m in quant) / \
+        sum(m.qweight.numel() for m in quant) if quant else None
+    nanoserve_decode(ctx, False, llm, big["decode_batches"], big["model"], weight_bytes)
 
 
 def sec_lesson_05(ctx):
@@ -538,6 +547,8 @@ SECTION_FNS = {
     "nanoserve_eager_decode": lambda c: nanoserve_decode(c, True),
     "nanoserve_eager_offline": lambda c: nanoserve_offline(c, True), "lesson_05": sec_lesson_05,
     "nanoserve_decode_8b": sec_nanoserve_decode_8b, "hf_decode": sec_hf_decode,
+    # int8 weights (W8A16, triton_quant_linear's kernel on a GPU): half the linears' bytes a step
+    "nanoserve_decode_8b_int8": lambda c: sec_nanoserve_decode_8b(c, "int8"),
     "nanoserve_prefill_sdpa": lambda c: more.sec_nanoserve_prefill_sdpa(c, prefill_sweep),
     "prefill_attention": more.sec_prefill_attention,
     **{f"lesson_{n}": (lambda c, n=n: more.sec_lesson(c, n)) for n in ("00", "01", "02", "03")},
@@ -664,15 +675,15 @@ def print_table(result: dict) -> None:
     print(f"\n== gpu_check {result['date']}  gpu={env.get('gpu')}  driver={env.get('driver')}  "
           f"torch={env.get('torch')} (CUDA {env.get('torch_cuda')})  triton={env.get('triton')}  "
           f"transformers={env.get('transformers')}  dry_run={result['dry_run']}")
-    print(f"{'section':<24}{'figure':<44}{'value':>12}  unit")
+    print(f"{'section':<26}{'figure':<44}{'value':>12}  unit")
     rows = [*result["sections"].items(), ("summary", {"status": "ok", "figures": result["summary"]})]
     for name, sec in rows:
         if sec["status"] != "ok":
-            print(f"{name:<24}{sec['status'].upper()}: {str(sec.get('reason'))[:120]}")
+            print(f"{name:<26}{sec['status'].upper()}: {str(sec.get('reason'))[:120]}")
             continue
         for fig, v in sec["figures"].items():
             value = v["value"] if isinstance(v["value"], bool) else format(v["value"], ".4g")
-            print(f"{name:<24}{fig:<44}{value!s:>12}  {v['unit']}")
+            print(f"{name:<26}{fig:<44}{value!s:>12}  {v['unit']}")
     print(f"elapsed {result['elapsed_s']} s of a {result['budget_s']} s budget -> {result['out']}")
 
 

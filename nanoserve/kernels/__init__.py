@@ -11,7 +11,8 @@ needs TRITON_INTERPRET=1 set before the first import, and is very slow).
 Beside the layer's kernels, the same dispatch serves the engine: `argmax` (greedy sampling; C++
 on the CPU backend, cpu_argmax.py) and `process_weights_after_loading(model)` (a CPU repacks the
 linear weights for oneDNN, cpu_gemm.py, and on the CPU backend puts quantized linears on the C++
-GEMV over their codes, cpu_quant_gemm.py; the reference, quantization.py, dequantizes per call).
+GEMV over their codes, cpu_quant_gemm.py, on the Triton backend on triton_quant_linear.py's W8A16
+kernel; the reference, quantization.py, dequantizes per call).
 A CPU backend's process-wide setup, the allocator thresholds of cpu_malloc.py, is applied when
 get_ops first serves a CPU.
 
@@ -87,11 +88,16 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 def process_weights_after_loading(model) -> None:
     """Prepare a loaded model's weights for this device's fast paths, once (vLLM's hook name):
     on a CPU that oneDNN supports, prepacked linears (cpu_gemm.pack_model); on the CPU backend,
-    quantized linears on the C++ ops (cpu_quant_gemm.pack_quantized); elsewhere nothing."""
-    if next(model.parameters()).device.type == "cpu":
+    quantized linears on the C++ ops (cpu_quant_gemm.pack_quantized); on the Triton backend, on
+    the W8A16 kernel (triton_quant_linear.pack_quantized); elsewhere nothing."""
+    device = next(model.parameters()).device
+    if device.type == "cpu":
         cpu_gemm.pack_model(model)
         if kernel_backend("cpu") == "cpu":
             cpu_quant_gemm.pack_quantized(model)
+    elif kernel_backend(device) == "triton":
+        from nanoserve.kernels import triton_quant_linear  # lazily, as triton_ops
+        triton_quant_linear.pack_quantized(model)
 
 
 def kernel_ops(base=None, **overrides) -> SimpleNamespace:

@@ -27,7 +27,7 @@ from torch import nn
 
 from nanoserve.kernels.cpu_gemm import GEMV_ROWS  # the float GEMV's bound: a verify row stays a GEMV row
 from nanoserve.kernels.cpu_huge_pages import to_huge_pages
-from nanoserve.kernels.quantization import quantized_linear
+from nanoserve.kernels.quantization import is_quantized_linear, quantized_linear
 
 # int8 codes with a scale per channel and bf16 activations: from 3 up to this many rows run torch's
 # weight-only int8 matmul, which reads the codes as they are; fp32 activations never do (its fp32
@@ -35,11 +35,6 @@ from nanoserve.kernels.quantization import quantized_linear
 # (benchmarks/quantization.py, rows tables)
 INT8PACK_ROWS = 64
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def is_quantized_linear(module: nn.Module) -> bool:
-    return isinstance(getattr(module, "qweight", None), torch.Tensor) and \
-        isinstance(getattr(module, "weight_scale", None), torch.Tensor)
 
 
 def _takes(qweight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
@@ -112,6 +107,6 @@ def pack_quantized(model: nn.Module) -> None:
     buffer = DequantBuffer(max(m.qweight.numel() for _, m in layers))
     codes = to_huge_pages([m.qweight.contiguous() for _, m in layers])  # the GEMV's stream, in step order
     for (name, m), qweight in zip(layers, codes):
-        parent, attr = name.rsplit(".", 1)
+        parent, _, attr = name.rpartition(".")  # parent "" is the model itself
         setattr(model.get_submodule(parent), attr,
                 QuantizedCpuLinear(qweight, m.weight_scale, getattr(m, "bias", None), buffer))

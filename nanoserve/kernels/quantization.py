@@ -60,3 +60,9 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch
                      bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., in) -> (..., out): F.linear with the weight dequantized to x's dtype."""
     return F.linear(x, dequantize_weight(qweight, weight_scale, x.dtype), bias)
+
+
+def is_quantized_linear(module) -> bool:
+    """Does `module` hold a quantized linear's tensors (`qweight` and `weight_scale`)?"""
+    return isinstance(getattr(module, "qweight", None), torch.Tensor) and \
+        isinstance(getattr(module, "weight_scale", None), torch.Tensor)

@@ -1,0 +1,73 @@
+"""The Triton W8A16 linear against the reference (dequantize, then F.linear), on the interpreter's
+small shapes; outputs from NaN-poisoned allocations, so an unwritten element fails."""
+
+import pytest
+import torch
+from paged_cases import TOL
+from torch import nn
+
+from nanoserve.kernels import quantization
+
+# (rows, in, out, group_size): per-channel scales (None) and GGUF-sized groups, row counts on
+# both sides of a tile, widths that leave partial tiles in every dimension
+SHAPES = [(1, 64, 48, None), (5, 96, 40, None), (3, 64, 32, 32), (17, 128, 72, 32), (2, 48, 24, 16)]
+
+
+@pytest.fixture(scope="module")
+def triton_quant(in_process):
+    if not in_process:
+        pytest.skip("triton was imported before TRITON_INTERPRET was set; see the fresh-process test")
+    from nanoserve.kernels import triton_quant_linear
+    return triton_quant_linear
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("method", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_w8a16_matches_the_reference(triton_quant, device, poisoned, shape, method, dtype, with_bias):
+    rows, k, n, group = shape
+    q, scale = quantization.quantize_weight(torch.randn(n, k), method, group)
+    q, scale = q.to(device), scale.to(device)
+    x = torch.randn(rows, k, device=device).to(dtype)
+    bias = torch.randn(n, device=device).to(dtype) if with_bias else None
+    got = triton_quant.quantized_linear(x, q, scale, bias)
+    want = quantization.quantized_linear(x, q, scale, bias)
+    assert got.dtype == dtype and got.shape == (rows, n)
+    # the reference rounds each weight to x's dtype before its matmul; the kernel scales fp32 sums
+    tol = TOL[dtype] if dtype == torch.float32 else dict(atol=8 * TOL[dtype]["atol"], rtol=TOL[dtype]["rtol"])
+    torch.testing.assert_close(got, want, **tol)
+
+
+def test_w8a16_keeps_leading_dimensions_and_falls_back_where_it_cannot_tile(triton_quant, device):
+    q, scale = quantization.quantize_weight(torch.randn(16, 72), "int8", 8)  # groups of 8 < tl.dot's 16
+    q, scale = q.to(device), scale.to(device)
+    x = torch.randn(2, 3, 72, device=device)
+    torch.testing.assert_close(triton_quant.quantized_linear(x, q, scale),
+                               quantization.quantized_linear(x, q, scale))
+    q, scale = quantization.quantize_weight(torch.randn(16, 64), "int8")
+    x = torch.randn(2, 3, 64, device=device)
+    got = triton_quant.quantized_linear(x, q.to(device), scale.to(device))
+    assert got.shape == (2, 3, 16)
+    torch.testing.assert_close(got, quantization.quantized_linear(x, q.to(device), scale.to(device)),
+                               **TOL[torch.float32])
+
+
+def test_pack_quantized_swaps_every_quantized_linear(triton_quant, device):
+    class Holder(nn.Module):  # what model/quantization.py's QuantizedLinear holds after loading
+        def __init__(self):
+            super().__init__()
+            q, s = quantization.quantize_weight(torch.randn(32, 64), "fp8")
+            self.register_buffer("qweight", q)
+            self.register_buffer("weight_scale", s)
+            self.bias = None
+
+        def forward(self, x):
+            return quantization.quantized_linear(x, self.qweight, self.weight_scale, self.bias)
+
+    model = nn.Sequential(Holder(), nn.ReLU(), nn.Linear(32, 8)).to(device)
+    x = torch.randn(4, 64, device=device)
+    want = model(x)
+    triton_quant.pack_quantized(model)
+    assert isinstance(model[0], triton_quant.QuantizedTritonLinear) and isinstance(model[2], nn.Linear)
+    torch.testing.assert_close(model(x), want, **TOL[torch.float32])
