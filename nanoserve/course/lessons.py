@@ -187,7 +187,8 @@ def static_widgets(nb) -> int:
 def split_title_slide(nb) -> None:
     """A deck's title slide shows the lesson's title and its question; the rest of the first
     cell (what the lesson does, in a notebook read above the first measurement) goes on a slide
-    of its own beneath it, with the title's speaker notes on both."""
+    of its own beneath it, with the title's speaker notes on both. The setup cell that follows
+    starts a slide of its own too: its code and printed table under that text ran off the screen."""
     import copy
     first = nb.cells[0]
     paragraphs = first.source.split("\n\n")
@@ -199,4 +200,15 @@ def split_title_slide(nb) -> None:
     rest.metadata["slideshow"] = {"slide_type": "subslide"}
     notes = next((c for c in nb.cells[1:]
                   if c.metadata.get("slideshow", {}).get("slide_type") == "notes"), None)
-    nb.cells[1:1] = [rest] if notes is None else [copy.deepcopy(notes), rest]
+    setup = nb.cells[1] if len(nb.cells) > 1 else None
+    if notes is None:
+        nb.cells[1:1] = [rest]
+        return
+    nb.cells[1:1] = [copy.deepcopy(notes), rest]
+    if setup is not None and setup.cell_type == "code" and _slide_type(setup) in ("", "-"):
+        setup.metadata["slideshow"] = {"slide_type": "subslide"}
+        nb.cells[3:3] = [copy.deepcopy(notes)]  # the intro text's slide keeps the notes too
+
+
+def _slide_type(cell) -> str:
+    return cell.metadata.get("slideshow", {}).get("slide_type", "")
