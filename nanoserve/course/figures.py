@@ -106,7 +106,7 @@ def plot_cache_comparison(with_cache, without, prompt_len: int, label, ax=None, 
         name, ref = reference
         for key in ("without", "with"):
             ax.plot([prompt_len + i for i, _ in ref[key]], [1e3 * s for _, s in ref[key]], ":", color="0.55",
-                    label=f"reference ({name})" if key == "with" else None)
+                    label=f"reference: {name}" if key == "with" else None)
     ax.set_yscale("log")
     ax.set_xlabel("tokens in the sequence before this one")
     ax.set_ylabel("ms for this token\n(log; median of repeats)")
