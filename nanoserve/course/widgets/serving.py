@@ -15,7 +15,7 @@ def plot_request_anatomy(result, ax=None, request_id: str | None = None):
     """One request's life on a time line: arrival, first scheduled, each token, finish, with
     queue, prefill, TTFT, one ITL and E2E marked. Default: the request with the median E2E
     among those with at least 4 tokens."""
-    ax = get_axes(ax, (10, 2.8))
+    ax = get_axes(ax, (10, 3.2))
     done = [o for o in result.outputs if completed(o) and len(o.token_ids) >= 4]
     if request_id is None:
         done.sort(key=lambda o: o.metrics.finished_time - o.metrics.arrival_time)
@@ -28,20 +28,22 @@ def plot_request_anatomy(result, ax=None, request_id: str | None = None):
     toks = [ms(t) for t in m.token_times]
     ax.vlines(toks, 0, 1, color=DECODE_COLOR, lw=1.5, label="a token reaches the user")
     ax.plot([0], [0.5], "k>", ms=9, label="arrival")
-    ax.axvspan(0, ms(m.first_scheduled_time), ymin=0.25, ymax=0.75, color="0.8", label="queued")
-    ax.axvspan(ms(m.first_scheduled_time), ms(m.first_token_time), ymin=0.25, ymax=0.75,
-               color=PREFILL_COLOR, alpha=0.6, label="prefill")
+    ax.fill_betweenx([0.1, 0.9], 0, ms(m.first_scheduled_time), color="0.8", label="queued")
+    ax.fill_betweenx([0.1, 0.9], ms(m.first_scheduled_time), ms(m.first_token_time),
+                     color=PREFILL_COLOR, alpha=0.6, label="prefill")
 
-    def bracket(y, a, b, text):
+    def bracket(y, a, b, text, above=True):
+        # the text a few points clear of the arrow's heads, not in data units that put it on them
         ax.annotate("", (a, y), (b, y), arrowprops=dict(arrowstyle="<->", lw=1))
-        ax.text((a + b) / 2, y + 0.05, text, ha="center", fontsize=8)
+        ax.annotate(text, ((a + b) / 2, y), xytext=(0, 5 if above else -5), textcoords="offset points",
+                    ha="center", va="bottom" if above else "top", fontsize=8)
     bracket(1.15, 0, toks[0], f"TTFT {toks[0]:.0f} ms")
     k = len(toks) // 2
-    bracket(-0.2, toks[k - 1], toks[k], f"one ITL {toks[k] - toks[k - 1]:.0f} ms")
+    bracket(-0.15, toks[k - 1], toks[k], f"one ITL {toks[k] - toks[k - 1]:.0f} ms", above=False)
     e2e_ms = ms(m.finished_time)
-    bracket(1.45, 0, e2e_ms, f"E2E {e2e_ms:.0f} ms   "
+    bracket(1.6, 0, e2e_ms, f"E2E {e2e_ms:.0f} ms   "
             f"(TPOT = (E2E - TTFT) / {len(toks) - 1} = {(e2e_ms - toks[0]) / (len(toks) - 1):.1f} ms)")
-    ax.set_ylim(-0.45, 1.75)
+    ax.set_ylim(-0.75, 2.0)
     ax.set_yticks([])
     ax.set_xlabel("time since the request arrived (ms)")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, frameon=False)
