@@ -190,7 +190,8 @@ def plot_dashboard(data: dict, axes, measured: dict | None = None) -> None:
         ax.set_ylabel(f"fraction of {per} at or below")
         ax.set_ylim(0, 1.02)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        # below the panel: inside, the lower right hid the curve's first steps
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
         ax.set_title(name, fontsize=10)
     title = (f"rate {p['rate']:.2f} req/s, max_num_seqs {p['max_num_seqs']}, "
              f"max_num_batched_tokens {p['max_num_batched_tokens']}: goodput {data['goodput']:.2f} req/s "
@@ -232,7 +233,7 @@ def serving_dashboard(model, engine, make_workload, slo: dict, max_rate: float):
         measured = state["measured"] if state.get("at") == params() else None
 
         def fig():
-            fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(10, 3.8), constrained_layout=True)
+            fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(10, 4.4), constrained_layout=True)
             plot_dashboard(compute_dashboard(model, make_workload, slo=slo, **params()), axes, measured)
             return fig
         show_figure(out, fig)
