@@ -1,6 +1,6 @@
 """What a screenshot review of the lessons found hard to read, kept fixed: log axes in plain
 numbers, an SLO far above the data drawn as a note (not a line squashing the curves), whole
-draft positions, and a roofline's point labels off its lines."""
+draft positions, a roofline's point labels off its lines, and tables without exponents."""
 
 from types import SimpleNamespace
 
@@ -77,3 +77,10 @@ def test_roofline_labels_stay_off_the_roof_lines():
             crossed = [p for p in lines if np.any((p[:, 0] >= box.x0) & (p[:, 0] <= box.x1)
                                                   & (p[:, 1] >= box.y0) & (p[:, 1] <= box.y1))]
             assert not crossed, t.get_text()
+
+
+def test_table_numbers_read_plainly():
+    from nanoserve.course.table import Table
+    text = repr(Table([{"a": 9284.0, "b": 3.35e-05, "c": 4.19e5, "d": 0.5, "e": float("inf")}]))
+    assert "e+" not in text and "e-" not in text, text
+    assert text.split("\n")[1].split() == ["9280", "0.0000335", "419000", "0.5", "inf"]
