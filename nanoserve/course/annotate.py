@@ -48,6 +48,11 @@ def _line_pixels(line, step: float = 3.0):
                           + [xy[-1:]])
 
 
+def _marker_pixels(line):
+    xy = line.get_transform().transform(np.asarray(line.get_xydata(), float))
+    return xy[np.isfinite(xy).all(axis=1)].reshape(-1, 2)
+
+
 def spread_labels(ax) -> int:
     """Place every point label (an Annotation with textcoords "offset points") of `ax` at the
     nearest offset where it overlaps no label placed before it, no other text, no plotted marker
@@ -62,7 +67,12 @@ def spread_labels(ax) -> int:
     taken = [leg.get_window_extent(renderer) for leg in [ax.get_legend()] if leg is not None]
     taken += [t.get_window_extent(renderer) for t in ax.texts if t not in labels and t.get_text()]
     dots = [ax.transData.transform(t.xy) for t in labels]
-    lines = [_line_pixels(ln) for ln in ax.lines if len(ln.get_xdata()) > 1]
+    # a line clashes with a label that comes within half its width (plus 2 px) of the text: a
+    # thick roof drawn through the text's edge crosses it though its centre stays outside; a
+    # series of markers alone (a reference's squares) clashes at its markers, not between them
+    lines = [(_line_pixels(ln), ln.get_linewidth() * fig.dpi / 144 + 2) if ln.get_linestyle() != "None"
+             else (_marker_pixels(ln), ln.get_markersize() * fig.dpi / 144 + 2)
+             for ln in ax.lines if len(ln.get_xdata()) > 1]
     moved = 0
     for i, t in enumerate(labels):
         best = None
@@ -75,8 +85,8 @@ def spread_labels(ax) -> int:
                 clash = sum(_boxes_overlap(box, b) for b in taken) + sum(
                     box.x0 - 3 <= x <= box.x1 + 3 and box.y0 - 3 <= y <= box.y1 + 3
                     for j, (x, y) in enumerate(dots) if j != i) + sum(
-                    bool(np.any((p[:, 0] >= box.x0) & (p[:, 0] <= box.x1) & (p[:, 1] >= box.y0)
-                                & (p[:, 1] <= box.y1))) for p in lines)
+                    bool(np.any((p[:, 0] >= box.x0 - w) & (p[:, 0] <= box.x1 + w) & (p[:, 1] >= box.y0 - w)
+                                & (p[:, 1] <= box.y1 + w))) for p, w in lines)
                 out = not (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
                            and box.y1 <= inside.y1)
                 score = (clash + 2 * out, r)

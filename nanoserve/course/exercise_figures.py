@@ -14,6 +14,9 @@ import torch
 from nanoserve.kernels import AttentionMetadata
 
 EXAMPLE_STEP = ((1, 5), (3, 4), (2, 0))  # (new tokens, cached tokens): a decode, a chunk, a prompt
+# The figure is FIG_WIDTH inches wide, so a notebook shows it about full size, not shrunk to fit,
+# and its smallest labels, LABEL_PT, still read at 8 points or more.
+FIG_WIDTH, LABEL_PT = 9.0, 9
 
 
 def example_metadata(seqs=EXAMPLE_STEP, block_size: int = 4, num_blocks: int = 12,
@@ -38,7 +41,7 @@ def _cell(ax, x, y, color, text, alpha=1.0):
     """One token: a coloured unit square at (x, y) with its position written in it."""
     from matplotlib.patches import Rectangle
     ax.add_patch(Rectangle((x, y), 1, 0.8, facecolor=color, alpha=alpha, edgecolor="white"))
-    ax.text(x + 0.5, y + 0.4, text, ha="center", va="center", fontsize=8)
+    ax.text(x + 0.5, y + 0.4, text, ha="center", va="center", fontsize=LABEL_PT)
 
 
 def plot_flattened_batch(attn: AttentionMetadata | None = None, block_size: int = 4,
@@ -53,14 +56,14 @@ def plot_flattened_batch(attn: AttentionMetadata | None = None, block_size: int 
     tables = attn.block_tables.tolist()
     num_blocks = num_blocks or max(max(t) for t in tables) + 1
     colors = [plt.get_cmap("tab10")(b % 10) for b in range(len(lens))]
-    fig, (top, mid, low) = plt.subplots(3, 1, figsize=(11, 6.5), constrained_layout=True,
+    fig, (top, mid, low) = plt.subplots(3, 1, figsize=(FIG_WIDTH, 6.8), constrained_layout=True,
                                         gridspec_kw=dict(height_ratios=[1, len(lens), 1.2]))
 
     for b, seq_len in enumerate(lens):  # q: the step's tokens, one flat run cut by query_start_loc
         q_len = qsl[b + 1] - qsl[b]
         for j in range(q_len):
             _cell(top, qsl[b] + j, 0, colors[b], f"p{seq_len - q_len + j}")
-        top.text((qsl[b] + qsl[b + 1]) / 2, 0.9, f"request {b}", ha="center", fontsize=8)
+        top.text((qsl[b] + qsl[b + 1]) / 2, 0.9, f"request {b}", ha="center", fontsize=LABEL_PT)
     top.set_xticks(qsl, [str(x) for x in qsl])
     top.set(xlim=(-0.2, qsl[-1] + 0.2), ylim=(-0.1, 1.2), yticks=[],
             xlabel="row of q (ticks: query_start_loc; p = the token's position in its request)",
@@ -72,7 +75,7 @@ def plot_flattened_batch(attn: AttentionMetadata | None = None, block_size: int 
         for p in range(seq_len):
             _cell(mid, p, y, colors[b], str(p), alpha=1.0 if p >= seq_len - q_len else 0.35)
         for i in range(-(-seq_len // block_size)):
-            mid.text(i * block_size, y + 0.9, f"block {tables[b][i]}", fontsize=7)
+            mid.text(i * block_size, y + 0.9, f"block {tables[b][i]}", fontsize=LABEL_PT)
             mid.axvline(i * block_size, ymin=0, ymax=1, color="grey", lw=0.5)
     width = max(lens)
     mid.set(xlim=(-0.2, -(-width // block_size) * block_size + 0.2), ylim=(-0.1, len(lens) + 0.2),
@@ -84,7 +87,7 @@ def plot_flattened_batch(attn: AttentionMetadata | None = None, block_size: int 
 
     for blk in range(num_blocks):  # the paged cache: which request's positions each block holds
         low.add_patch(Rectangle((blk * block_size, 0), block_size, 0.8, fill=False, edgecolor="grey"))
-        low.text(blk * block_size + block_size / 2, 0.95, f"block {blk}", ha="center", fontsize=7)
+        low.text(blk * block_size + block_size / 2, 0.95, f"block {blk}", ha="center", fontsize=LABEL_PT)
     for b, seq_len in enumerate(lens):
         for p in range(seq_len):
             blk = tables[b][p // block_size]
@@ -95,4 +98,7 @@ def plot_flattened_batch(attn: AttentionMetadata | None = None, block_size: int 
             title=f"the paged cache: {num_blocks} blocks of {block_size} slots (k_cache and v_cache alike)")
     for ax in (top, mid, low):
         ax.spines[["top", "right", "left"]].set_visible(False)
+        ax.title.set_fontsize(10)
+        ax.xaxis.label.set_fontsize(LABEL_PT)
+        ax.tick_params(labelsize=LABEL_PT)
     return fig

@@ -73,10 +73,14 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=
     b.loglog(L, t, "ko", ms=4, label="measured")
     if reference is not None:  # here, not on the left: on log axes a faster or slower machine fits
         b.loglog(*zip(*reference[1]), "s", color="0.6", ms=4, label=f"reference: {reference[0]}")
-    for n, offset, va in ((300, (-8, 6), "bottom"), (extrapolate_to, (-8, -4), "top")):
+    # the short prompt's note in the empty upper left, with an arrow: beside its point it ran
+    # over the axis; the long one's to the left of its point, in the top right corner
+    for n, xytext, coords, va in ((300, (0.04, 0.5), "axes fraction", "bottom"),
+                                  (extrapolate_to, (-8, -4), "offset points", "top")):
         b.plot([n], [fit.predict(n)], "s", color="tab:red", ms=6)
-        b.annotate(f"{n} tokens: {float(fit.predict(n)):.3g} s", (n, fit.predict(n)),
-                   textcoords="offset points", xytext=offset, ha="right", va=va, fontsize=8)
+        b.annotate(f"{n} tokens: {float(fit.predict(n)):.3g} s", (n, fit.predict(n)), textcoords=coords,
+                   xytext=xytext, ha="left" if n == 300 else "right", va=va, fontsize=8,
+                   arrowprops=dict(arrowstyle="-", lw=0.6, color="0.4", shrinkB=4) if n == 300 else None)
     b.set_xlabel("prompt length (tokens, log scale)")
     b.set_ylabel("prefill time (s, log scale)")
     plain_log_ticks(b, "both")
@@ -102,7 +106,7 @@ def plot_cache_comparison(with_cache, without, prompt_len: int, label, ax=None, 
         name, ref = reference
         for key in ("without", "with"):
             ax.plot([prompt_len + i for i, _ in ref[key]], [1e3 * s for _, s in ref[key]], ":", color="0.55",
-                    label=f"reference ({name})" if key == "with" else None)
+                    label=f"reference: {name}" if key == "with" else None)
     ax.set_yscale("log")
     ax.set_xlabel("tokens in the sequence before this one")
     ax.set_ylabel("ms for this token\n(log; median of repeats)")

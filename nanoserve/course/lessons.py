@@ -187,16 +187,35 @@ def static_widgets(nb) -> int:
 def split_title_slide(nb) -> None:
     """A deck's title slide shows the lesson's title and its question; the rest of the first
     cell (what the lesson does, in a notebook read above the first measurement) goes on a slide
-    of its own beneath it, with the title's speaker notes on both."""
-    import copy
+    of its own beneath it, with the title's speaker notes on both. The setup cell that follows
+    starts a slide of its own too: its code and printed table under that text ran off the screen."""
     first = nb.cells[0]
     paragraphs = first.source.split("\n\n")
     ask = next((i for i, p in enumerate(paragraphs) if p.startswith("**The question:**")), None)
     if ask is None or ask + 1 == len(paragraphs):
         return
-    rest = copy.deepcopy(first)
+    rest = _copy(first, "intro")
     first.source, rest.source = "\n\n".join(paragraphs[:ask + 1]), "\n\n".join(paragraphs[ask + 1:])
     rest.metadata["slideshow"] = {"slide_type": "subslide"}
-    notes = next((c for c in nb.cells[1:]
-                  if c.metadata.get("slideshow", {}).get("slide_type") == "notes"), None)
-    nb.cells[1:1] = [rest] if notes is None else [copy.deepcopy(notes), rest]
+    notes = next((c for c in nb.cells[1:] if _slide_type(c) == "notes"), None)
+    setup = nb.cells[1] if len(nb.cells) > 1 else None
+    if notes is None:
+        nb.cells[1:1] = [rest]
+        return
+    nb.cells[1:1] = [_copy(notes, "title"), rest]
+    if setup is not None and setup.cell_type == "code" and _slide_type(setup) in ("", "-"):
+        setup.metadata["slideshow"] = {"slide_type": "subslide"}
+        nb.cells[3:3] = [_copy(notes, "intro")]  # the intro text's slide keeps the notes too
+
+
+def _copy(cell, suffix: str):
+    """A copy of `cell` under an id of its own (nbformat wants every cell id unique)."""
+    import copy
+    new = copy.deepcopy(cell)
+    if "id" in new:
+        new["id"] = f"{cell['id'][:56]}-{suffix}"
+    return new
+
+
+def _slide_type(cell) -> str:
+    return cell.metadata.get("slideshow", {}).get("slide_type", "")

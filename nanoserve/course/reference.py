@@ -34,9 +34,22 @@ def references(folder: Path = DATA) -> list[dict]:
     return [_load(str(p)) for p in sorted(Path(folder).glob("*.json"))]
 
 
+def machine(ref: dict) -> str:
+    """The reference's machine in one wording, whatever its file's free-text name says: 'AMD EPYC
+    (2 cores; AVX2, no AVX-512, no AMX)' for a CPU, the device's name for a GPU; the file's
+    "machine" where it lacks those fields."""
+    name = ref.get("device_name")
+    if not name:
+        return ref["machine"]
+    if ref.get("device_kind") == "cpu" and ref.get("cpus"):
+        flags = f"; {ref['cpu_flags']}" if ref.get("cpu_flags") else ""
+        return f"{name} ({ref['cpus']} cores{flags})"
+    return name
+
+
 def label(ref: dict, mode: str) -> str:
-    """'<machine>, <date>, <mode> sizes', from the reference file's fields."""
-    return f"{ref['machine']}, {ref['date']}, {mode} sizes"
+    """'<device kind>: <machine>, <date>, <mode> sizes': every figure names a reference so."""
+    return f"{ref.get('device_kind', '?')}: {machine(ref)}, {ref['date']}, {mode} sizes"
 
 
 def _same(a, b) -> bool:
@@ -60,8 +73,8 @@ def series(lesson: str, key: str, device: str | None = None, quick: bool | None 
 
 def all_series(lesson: str, key: str, quick: bool | None = None, folder: Path = DATA) -> list:
     """(label, points) of `lesson`'s `key` from every device recorded in this mode (quick or
-    full), its label naming the device kind, and saying so where its sizes differ from this
-    device's (another device's sizes are chosen for it: a different experiment)."""
+    full), its label saying so where its sizes differ from this device's (another device's sizes
+    are chosen for it: a different experiment)."""
     quick = quick_mode() if quick is None else quick
     mode, want = ("quick" if quick else "full"), sizes(lesson, quick=quick)
     out = []
@@ -69,5 +82,5 @@ def all_series(lesson: str, key: str, quick: bool | None = None, folder: Path = 
         entry = ref.get("modes", {}).get(mode, {}).get(lesson)
         if entry and key in entry["series"]:
             other = "" if _same(entry["sizes"], want) else ", its own sizes"
-            out.append((f"{ref.get('device_kind', '?')}: {label(ref, mode)}{other}", entry["series"][key]))
+            out.append((f"{label(ref, mode)}{other}", entry["series"][key]))
     return out

@@ -188,13 +188,32 @@ def lesson_model(device: str | None = None, quick: bool | None = None) -> str:
     return MODELS["quick" if quick else device_kind(device)]
 
 
-def sizes(lesson: str, quick: bool | None = None, device: str | None = None) -> dict:
+class Sizes(dict):
+    """A lesson's sizes: a dict whose repr wraps between entries at WIDTH columns (a line of a
+    deck's slide) instead of running off the slide's edge as one line."""
+
+    WIDTH = 100
+
+    def __repr__(self) -> str:
+        items = [f"{k!r}: {v!r}," for k, v in self.items()]
+        lines = ["{"]
+        for item in items[:-1] + [items[-1][:-1] + "}"] if items else ["}"]:
+            sep = "" if lines[-1] in ("{", " ") else " "
+            if sep and len(lines[-1]) + 1 + len(item) > self.WIDTH:
+                lines.append(" ")
+                sep = ""
+            lines[-1] += sep + item
+        return "\n".join(lines)
+
+
+def sizes(lesson: str, quick: bool | None = None, device: str | None = None) -> Sizes:
     """The sizes lesson `lesson` ("00".."13") uses here (quick, or for this device), its model
     under "model"."""
     if lesson not in SIZES:
         raise ValueError(f"lesson {lesson!r} has no sizes; choose from {sorted(SIZES)}")
     quick = quick_mode() if quick is None else quick
-    return {"model": lesson_model(device, quick), **SIZES[lesson]["quick" if quick else device_kind(device)]}
+    kind = "quick" if quick else device_kind(device)
+    return Sizes({"model": lesson_model(device, quick), **SIZES[lesson][kind]})
 
 
 def load_llm(model: str | None = None, device: str | None = None, dtype: str | None = None,

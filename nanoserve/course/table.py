@@ -16,7 +16,10 @@ class Table:
 
     def _cell(self, v) -> str:
         if isinstance(v, float):
-            return "nan" if math.isnan(v) else format(v, self.floatfmt)
+            if math.isnan(v):
+                return "nan"
+            text = format(v, self.floatfmt)
+            return _plain(v, self.floatfmt) if "e" in text and math.isfinite(v) else text
         return str(v)
 
     def __repr__(self) -> str:
@@ -34,3 +37,14 @@ class Table:
                                         for c in self.columns) + "</tr>" for r in self.rows)
         cap = f"<caption>{esc(self.title)}</caption>" if self.title else ""
         return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _plain(v: float, floatfmt: str) -> str:
+    """v to floatfmt's significant digits (".3g": 3) without an exponent: 9280, not 9.28e+03, and
+    0.0000335, not 3.35e-05 (a table is read by people comparing columns, not by a parser)."""
+    digits = int(floatfmt.strip(".g") or 6) if floatfmt.endswith("g") else 6
+    if v == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(v)))
+    text = f"{round(v, digits - 1 - mag):.{max(0, digits - 1 - mag)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text

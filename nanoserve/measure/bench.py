@@ -184,7 +184,8 @@ def replay(engine_or_llm: LLMEngine | LLM, workload: Workload, realtime: bool = 
     if not realtime:
         workload = replace(workload, requests=[replace(r, arrival_time=0.0) for r in workload])
     first_step = len(engine.trace)
-    with tqdm(total=len(workload), desc=workload.name, unit="req", disable=not progress) as bar:
+    # gone once done: a finished bar left in a lesson's output says nothing the results don't
+    with tqdm(total=len(workload), desc=workload.name, unit="req", disable=not progress, leave=False) as bar:
         t0 = engine.clock()
         outputs = drive(_Progress(engine, bar), workload,
                         lambda t: time.sleep(max(0.0, t - engine.clock())), t0)

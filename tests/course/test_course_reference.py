@@ -19,7 +19,7 @@ def test_series_only_at_the_same_sizes_and_device(tmp_path):
     here = setup.sizes("03", quick=True, device="cpu")
     write(tmp_path, here)
     label, points = reference.series("03", "decode_batch", device="cpu", quick=True, folder=tmp_path)
-    assert label == "test box, 2026-11-30, quick sizes" and points == [[1, 0.03], [2, 0.031]]
+    assert label == "cpu: test box, 2026-11-30, quick sizes" and points == [[1, 0.03], [2, 0.031]]
     assert reference.series("03", "nothing", device="cpu", quick=True, folder=tmp_path) is None
     assert reference.series("03", "decode_batch", device="cpu", quick=False, folder=tmp_path) is None
     write(tmp_path, {**here, "steps": here["steps"] + 1})  # another experiment: no comparison
@@ -49,3 +49,11 @@ def test_preflight_names_what_to_fix(monkeypatch):
     assert checks["numpy"].status == "FAIL" and ">= 999.0" in checks["numpy"].fix
     assert preflight._version_tuple("2.13.0+cpu") == (2, 13, 0)
     assert preflight.check_python().status == "OK"
+
+
+def test_every_reference_is_named_in_one_wording():
+    import re
+    for ref in reference.references():
+        got = reference.label(ref, "quick")
+        wording = r"(cpu: .+ \(\d+ cores(; .+)?\)|cuda: .+), \d{4}-\d\d-\d\d, quick sizes"
+        assert re.fullmatch(wording, got), got

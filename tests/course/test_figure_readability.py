@@ -1,6 +1,7 @@
 """What a screenshot review of the lessons found hard to read, kept fixed: log axes in plain
 numbers, an SLO far above the data drawn as a note (not a line squashing the curves), whole
-draft positions, and a roofline's point labels off its lines."""
+draft positions, a roofline's point labels off its lines, tables without exponents, labels of
+8 points or more, and printed sizes that fit a slide."""
 
 from types import SimpleNamespace
 
@@ -77,3 +78,26 @@ def test_roofline_labels_stay_off_the_roof_lines():
             crossed = [p for p in lines if np.any((p[:, 0] >= box.x0) & (p[:, 0] <= box.x1)
                                                   & (p[:, 1] >= box.y0) & (p[:, 1] <= box.y1))]
             assert not crossed, t.get_text()
+
+
+def test_table_numbers_read_plainly():
+    from nanoserve.course.table import Table
+    text = repr(Table([{"a": 9284.0, "b": 3.35e-05, "c": 4.19e5, "d": 0.5, "e": float("inf")}]))
+    assert "e+" not in text and "e-" not in text, text
+    assert text.split("\n")[1].split() == ["9280", "0.0000335", "419000", "0.5", "inf"]
+
+
+def test_flattened_batch_labels_are_8_points_or_more():
+    from nanoserve.course.exercise_figures import plot_flattened_batch
+    fig = plot_flattened_batch()
+    fig.canvas.draw()
+    sizes = [t.get_fontsize() for ax in fig.axes for t in ax.texts]
+    assert fig.get_figwidth() <= 9 and sizes and min(sizes) >= 8, (fig.get_figwidth(), min(sizes))
+
+
+def test_a_lessons_sizes_print_within_100_columns():
+    from nanoserve.course import setup
+    for lesson in setup.SIZES:
+        for quick in (True, False):
+            S = setup.sizes(lesson, quick=quick, device="cpu")
+            assert max(map(len, repr(S).splitlines())) <= 100 and eval(repr(S)) == dict(S), repr(S)

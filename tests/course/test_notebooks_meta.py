@@ -115,8 +115,8 @@ def test_every_slide_has_speaker_notes(nb_path):
 
 def test_a_decks_title_slide_is_the_title_and_the_question(nb_path):
     """Every lesson opens with the question it answers, and build_decks splits its first cell: the
-    title and the question on the title slide, the rest on a subslide beneath it, and the title's
-    speaker notes on both."""
+    title and the question on the title slide, the rest on a subslide beneath it, the setup cell
+    on a subslide of its own, and the title's speaker notes on each."""
     from nanoserve.course.lessons import split_title_slide
     nb = load(nb_path)
     first, n = nb.cells[0].source, len(nb.cells)
@@ -127,4 +127,6 @@ def test_a_decks_title_slide_is_the_title_and_the_question(nb_path):
     assert title.source + "\n\n" + rest.source == first
     assert rest.metadata["slideshow"]["slide_type"] == "subslide"
     assert notes.metadata["slideshow"]["slide_type"] == "notes" and "**Say**" in notes.source
-    assert len(nb.cells) == n + 2
+    assert nb.cells[3].metadata["slideshow"]["slide_type"] == "notes"
+    assert nb.cells[4].cell_type == "code" and nb.cells[4].metadata["slideshow"]["slide_type"] == "subslide"
+    assert len(nb.cells) == n + 3

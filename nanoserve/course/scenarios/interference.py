@@ -129,7 +129,7 @@ def interference_grid(engine_or_llm, setup: InterferenceSetup, budgets: Sequence
     scheduler: a chunked-prefill scheduler class (exercise 5's) for the chunked runs."""
     from tqdm.auto import tqdm
     runs = []
-    for b in tqdm([None, *budgets], desc="token budgets", unit="run", disable=not progress):
+    for b in tqdm([None, *budgets], desc="token budgets", unit="run", disable=not progress, leave=False):
         runs.append(run_interference(engine_or_llm, setup, b, None if b is None else scheduler))
     return runs
 

@@ -115,7 +115,7 @@ def eviction_sweep(engine_or_llm, num_kv_blocks: int, prefix_len: int, unrelated
     counts (each on an empty cache): how much of the prefix was still cached, and its TTFT."""
     from tqdm.auto import tqdm
     points = []
-    for n in tqdm(counts, desc="unrelated traffic", unit="run", disable=not progress):
+    for n in tqdm(counts, desc="unrelated traffic", unit="run", disable=not progress, leave=False):
         engine = fresh_engine(engine_or_llm, num_kv_blocks=num_kv_blocks, enable_prefix_caching=True)
         prefix = prompt_tokens(engine, prefix_len, 3000)
         generate(engine, [prefix + prompt_tokens(engine, 8, 3001)], greedy_params(2))

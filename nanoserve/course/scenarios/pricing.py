@@ -31,7 +31,7 @@ def batch_cap_runs(engine_or_llm, caps: Sequence[int], num_requests: int, input_
     wl = synthetic(num_requests, input_len, output_len, math.inf, seed=seed,
                    vocab_size=engine.model_config.vocab_size, name="offline batch")
     out = {}
-    for cap in tqdm(list(caps), desc="batch caps", unit="run", disable=not progress):
+    for cap in tqdm(list(caps), desc="batch caps", unit="run", disable=not progress, leave=False):
         out[cap] = measure_workload(engine, wl, progress=False, max_num_seqs=cap,
                                     enable_prefix_caching=False,
                                     max_num_batched_tokens=max(engine.config.max_num_batched_tokens,

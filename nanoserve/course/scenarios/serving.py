@@ -214,7 +214,7 @@ def rate_sweep(engine_or_llm, rates: Sequence[float], make_workload, slo: dict,
     """Measured: replay make_workload(rate) at each rate; throughput and goodput under `slo`."""
     from tqdm.auto import tqdm
     points = []
-    for rate in tqdm(list(rates), desc="arrival rates", unit="run", disable=not progress):
+    for rate in tqdm(list(rates), desc="arrival rates", unit="run", disable=not progress, leave=False):
         res = measure_workload(engine_or_llm, make_workload(rate), progress=False, **config)
         m = res.metrics(slo)
         points.append(RatePoint(rate, res, m.request_throughput, m.goodput, m.slo_attainment))

@@ -45,7 +45,7 @@ def plot_prefix_compare(results: dict, axes=None):
 
 def plot_eviction(points, num_kv_blocks: int, block_size: int, prefix_len: int, device: str, ax=None):
     """How much of a cached prefix survives unrelated traffic through a small cache."""
-    ax = get_axes(ax, (8, 3.8))
+    ax = get_axes(ax, (8, 4.2))
     x = [p.unrelated_tokens for p in points]
     ax.plot(x, [p.cached_tokens for p in points], "o-", color="tab:green",
             label="prefix tokens still cached when it returns")
@@ -62,7 +62,9 @@ def plot_eviction(points, num_kv_blocks: int, block_size: int, prefix_len: int, 
     tx.set_ylim(bottom=0)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = tx.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="center left")
+    # below the axes: inside, any spot can hold the first point of one of the two curves
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+              frameon=False)
     ax.set_title(f"What evicts a cached prefix: {prefix_len}-token prefix, cache of {num_kv_blocks} "
                  f"blocks x {block_size} tokens\n{device}", fontsize=10)
     return ax.figure

@@ -15,7 +15,7 @@ def plot_request_anatomy(result, ax=None, request_id: str | None = None):
     """One request's life on a time line: arrival, first scheduled, each token, finish, with
     queue, prefill, TTFT, one ITL and E2E marked. Default: the request with the median E2E
     among those with at least 4 tokens."""
-    ax = get_axes(ax, (10, 2.8))
+    ax = get_axes(ax, (10, 3.2))
     done = [o for o in result.outputs if completed(o) and len(o.token_ids) >= 4]
     if request_id is None:
         done.sort(key=lambda o: o.metrics.finished_time - o.metrics.arrival_time)
@@ -28,20 +28,22 @@ def plot_request_anatomy(result, ax=None, request_id: str | None = None):
     toks = [ms(t) for t in m.token_times]
     ax.vlines(toks, 0, 1, color=DECODE_COLOR, lw=1.5, label="a token reaches the user")
     ax.plot([0], [0.5], "k>", ms=9, label="arrival")
-    ax.axvspan(0, ms(m.first_scheduled_time), ymin=0.25, ymax=0.75, color="0.8", label="queued")
-    ax.axvspan(ms(m.first_scheduled_time), ms(m.first_token_time), ymin=0.25, ymax=0.75,
-               color=PREFILL_COLOR, alpha=0.6, label="prefill")
+    ax.fill_betweenx([0.1, 0.9], 0, ms(m.first_scheduled_time), color="0.8", label="queued")
+    ax.fill_betweenx([0.1, 0.9], ms(m.first_scheduled_time), ms(m.first_token_time),
+                     color=PREFILL_COLOR, alpha=0.6, label="prefill")
 
-    def bracket(y, a, b, text):
+    def bracket(y, a, b, text, above=True):
+        # the text a few points clear of the arrow's heads, not in data units that put it on them
         ax.annotate("", (a, y), (b, y), arrowprops=dict(arrowstyle="<->", lw=1))
-        ax.text((a + b) / 2, y + 0.05, text, ha="center", fontsize=8)
+        ax.annotate(text, ((a + b) / 2, y), xytext=(0, 5 if above else -5), textcoords="offset points",
+                    ha="center", va="bottom" if above else "top", fontsize=8)
     bracket(1.15, 0, toks[0], f"TTFT {toks[0]:.0f} ms")
     k = len(toks) // 2
-    bracket(-0.2, toks[k - 1], toks[k], f"one ITL {toks[k] - toks[k - 1]:.0f} ms")
+    bracket(-0.15, toks[k - 1], toks[k], f"one ITL {toks[k] - toks[k - 1]:.0f} ms", above=False)
     e2e_ms = ms(m.finished_time)
-    bracket(1.45, 0, e2e_ms, f"E2E {e2e_ms:.0f} ms   "
+    bracket(1.6, 0, e2e_ms, f"E2E {e2e_ms:.0f} ms   "
             f"(TPOT = (E2E - TTFT) / {len(toks) - 1} = {(e2e_ms - toks[0]) / (len(toks) - 1):.1f} ms)")
-    ax.set_ylim(-0.45, 1.75)
+    ax.set_ylim(-0.75, 2.0)
     ax.set_yticks([])
     ax.set_xlabel("time since the request arrived (ms)")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4, frameon=False)
@@ -74,7 +76,8 @@ def plot_metric_distributions(result, axes=None):
         ax.set_xlabel(f"{name} (ms, log)")
         ax.set_title(f"{name}: {len(x)} {'gaps' if name == 'ITL' else 'requests'}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        # upper left: a rising curve leaves it empty, and the p90 and p99 lines sit to the right
+        ax.legend(fontsize=8, loc="upper left")
         if ax.get_subplotspec() is None or ax.get_subplotspec().is_first_col():
             ax.set_ylabel("fraction at or below")
     axes[0].figure.suptitle(f"Latency distributions of one run, {result.device_label}", fontsize=10)
@@ -188,7 +191,8 @@ def plot_dashboard(data: dict, axes, measured: dict | None = None) -> None:
         ax.set_ylabel(f"fraction of {per} at or below")
         ax.set_ylim(0, 1.02)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        # below the panel: inside, the lower right hid the curve's first steps
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
         ax.set_title(name, fontsize=10)
     title = (f"rate {p['rate']:.2f} req/s, max_num_seqs {p['max_num_seqs']}, "
              f"max_num_batched_tokens {p['max_num_batched_tokens']}: goodput {data['goodput']:.2f} req/s "
@@ -230,7 +234,7 @@ def serving_dashboard(model, engine, make_workload, slo: dict, max_rate: float):
         measured = state["measured"] if state.get("at") == params() else None
 
         def fig():
-            fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(10, 3.8), constrained_layout=True)
+            fig, axes = plt.subplots(1, len(DASHBOARD_PANELS), figsize=(10, 4.4), constrained_layout=True)
             plot_dashboard(compute_dashboard(model, make_workload, slo=slo, **params()), axes, measured)
             return fig
         show_figure(out, fig)

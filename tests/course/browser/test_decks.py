@@ -1,7 +1,7 @@
 """The decks of `make slides`, opened from disk with the network off (every request that is not
 file:// aborted): reveal.js starts from node_modules, every deck has its slides and speaker
-notes, its title slide fits the screen and every taller slide scrolls (no text cut off), and the
-slide of lesson 05's interference figure shows the image."""
+notes, its title slide fits the screen, every taller slide scrolls and says so, no line runs off a
+slide's right edge, and the slide of lesson 05's interference figure shows the image."""
 
 from pathlib import Path
 
@@ -71,15 +71,19 @@ def test_title_fits_and_every_taller_slide_scrolls(browser, require, artifacts, 
         for k, (h, v) in enumerate(places):
             page.evaluate(f"location.hash = '#/{h}/{v}'")  # reveal.js follows the URL
             page.wait_for_function(f"() => {PRESENT} === {LEAVES}[{k}]", timeout=30_000)
-            tall, height, scrolls, text = page.evaluate(f"""() => {{ const s = {PRESENT};
+            tall, height, scrolls, wide, text = page.evaluate(f"""() => {{ const s = {PRESENT};
                 const h = parseFloat(document.querySelector('.reveal .slides').style.height);
-                const scrolls = getComputedStyle(s).overflowY === 'scroll' && s.clientHeight <= h;
-                return [s.scrollHeight, h, scrolls, s.textContent.trim().slice(0, 40)]; }}""")
+                const scrolls = getComputedStyle(s).overflowY === 'scroll' && s.clientHeight <= h
+                                && s.querySelector(':scope > .ns-more') !== null;
+                const wide = [...s.querySelectorAll('pre')].filter(e => e.scrollWidth > e.clientWidth + 1)
+                                .map(e => e.textContent.slice(0, 40));
+                return [s.scrollHeight, h, scrolls, wide, s.textContent.trim().slice(0, 40)]; }}""")
             if k == 0:
                 assert tall <= height, f"the title slide is {tall} px tall, the slide {height} px: {text!r}"
             elif tall > height and not scrolls:
                 cut.append((h, v, tall, text))
-        assert not cut, f"slides taller than the screen that do not scroll (cut off): {cut}"
+            cut += [(h, v, "a line cut at the right edge", line) for line in wide]
+        assert not cut, f"slides taller than the screen with no scroll and 'more below' bar, or cut: {cut}"
         page.evaluate("location.hash = '#/0/1'")
         page.wait_for_timeout(1000)  # the slide transition
         page.screenshot(path=str(artifacts / f"deck_{deck.name[:2]}_intro.png"))
