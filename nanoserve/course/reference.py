@@ -35,8 +35,8 @@ def references(folder: Path = DATA) -> list[dict]:
 
 
 def machine(ref: dict) -> str:
-    """The reference's machine in one wording, whatever its file's free-text name says: 'AMD EPYC
-    (2 cores; AVX2, no AVX-512, no AMX)' for a CPU, the device's name for a GPU; the file's
+    """The reference's machine in one wording, whatever its file's free-text name says:
+    '<CPU name> (<n> cores; <vector flags>)' for a CPU, the device's name for a GPU; the file's
     "machine" where it lacks those fields."""
     name = ref.get("device_name")
     if not name:

@@ -195,15 +195,14 @@ class Sizes(dict):
     WIDTH = 100
 
     def __repr__(self) -> str:
-        items = [f"{k!r}: {v!r}," for k, v in self.items()]
-        lines = ["{"]
-        for item in items[:-1] + [items[-1][:-1] + "}"] if items else ["}"]:
-            sep = "" if lines[-1] in ("{", " ") else " "
-            if sep and len(lines[-1]) + 1 + len(item) > self.WIDTH:
-                lines.append(" ")
-                sep = ""
-            lines[-1] += sep + item
-        return "\n".join(lines)
+        lines = []
+        for item in (f"{k!r}: {v!r}" for k, v in self.items()):
+            # each line: a "{" or " " before it, a "," or "}" after it
+            if lines and len(lines[-1]) + len(item) + 4 <= self.WIDTH:
+                lines[-1] += ", " + item
+            else:
+                lines.append(item)
+        return "{" + ",\n ".join(lines) + "}"
 
 
 def sizes(lesson: str, quick: bool | None = None, device: str | None = None) -> Sizes:

@@ -6,6 +6,8 @@ import html
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 
 class Table:
     """Rows of dicts shown as an aligned text table (print) or HTML (a notebook cell's value)."""
@@ -43,8 +45,4 @@ def _plain(v: float, floatfmt: str) -> str:
     """v to floatfmt's significant digits (".3g": 3) without an exponent: 9280, not 9.28e+03, and
     0.0000335, not 3.35e-05 (a table is read by people comparing columns, not by a parser)."""
     digits = int(floatfmt.strip(".g") or 6) if floatfmt.endswith("g") else 6
-    if v == 0:
-        return "0"
-    mag = math.floor(math.log10(abs(v)))
-    text = f"{round(v, digits - 1 - mag):.{max(0, digits - 1 - mag)}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
+    return np.format_float_positional(v, precision=digits, unique=False, fractional=False, trim="-")
