@@ -75,12 +75,13 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=
         b.loglog(*zip(*reference[1]), "s", color="0.6", ms=4, label=f"reference: {reference[0]}")
     # the short prompt's note in the empty upper left, with an arrow: beside its point it ran
     # over the axis; the long one's to the left of its point, in the top right corner
-    for n, xytext, coords, va in ((300, (0.04, 0.5), "axes fraction", "bottom"),
-                                  (extrapolate_to, (-8, -4), "offset points", "top")):
+    leader = dict(arrowstyle="-", lw=0.6, color="0.4", shrinkB=4)
+    notes = ((300, (0.04, 0.5), "axes fraction", "left", "bottom", leader),
+             (extrapolate_to, (-8, -4), "offset points", "right", "top", None))
+    for n, xytext, coords, ha, va, arrow in notes:
         b.plot([n], [fit.predict(n)], "s", color="tab:red", ms=6)
         b.annotate(f"{n} tokens: {float(fit.predict(n)):.3g} s", (n, fit.predict(n)), textcoords=coords,
-                   xytext=xytext, ha="left" if n == 300 else "right", va=va, fontsize=8,
-                   arrowprops=dict(arrowstyle="-", lw=0.6, color="0.4", shrinkB=4) if n == 300 else None)
+                   xytext=xytext, ha=ha, va=va, fontsize=8, arrowprops=arrow)
     b.set_xlabel("prompt length (tokens, log scale)")
     b.set_ylabel("prefill time (s, log scale)")
     plain_log_ticks(b, "both")
