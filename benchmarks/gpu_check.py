@@ -416,6 +416,7 @@ def graph_replay(ctx, graphs, batches, model: str | None, weight_bytes: float | 
 def sec_nanoserve_decode_8b(ctx, quantization: str | None = None):
     """Decode on the largest preset: a step reads 16 GB, so the GPU, not the host, sets its time."""
     from nanoserve import LLM, EngineConfig
+    from nanoserve.measure.roofline import quantized_weight_bytes
     big = BIG["dry" if ctx.dry else "gpu"]
     top = max(big["decode_batches"])
     cfg = EngineConfig(block_size=16, kv_cache_memory=big["kv_bytes"], max_num_seqs=top,
@@ -426,11 +427,9 @@ def sec_nanoserve_decode_8b(ctx, quantization: str | None = None):
     llm = LLM(big["model"], device=ctx.dev, dtype=ctx.S["dtype"], seed=0, config=cfg,
               quantization=quantization)
     ctx.info(model=big["model"], quantization=quantization, load_s=round(time.perf_counter() - t, 2))
-    quant = [m for m in llm.engine.model.modules() if hasattr(m, "qweight")]
-    ctx.info(linears=sorted({type(m).__name__ for m in quant}))
-    weight_bytes = sum(m.qweight.nbytes + m.weight_scale.nbytes for m in quant) / \
-        sum(m.qweight.numel() for m in quant) if quant else None
-    nanoserve_decode(ctx, False, llm, big["decode_batches"], big["model"], weight_bytes)
+    ctx.info(linears=sorted({type(m).__name__ for m in llm.engine.model.modules() if hasattr(m, "qweight")}))
+    nanoserve_decode(ctx, False, llm, big["decode_batches"], big["model"],
+                     quantized_weight_bytes(llm.engine.model))
 
 
 def sec_lesson_05(ctx):

@@ -155,6 +155,16 @@ def step_cost(cfg: ModelConfig, batch: Iterable[tuple], dtype_bytes: int = 4,
 
 # --- Floors, efficiencies, the plot ---
 
+def quantized_weight_bytes(model: torch.nn.Module) -> float | None:
+    """Bytes per weight of `model`'s quantized linears, codes and scales together (step_cost's
+    weight_dtype_bytes); None where no linear is quantized."""
+    quant = [m for m in model.modules() if hasattr(m, "qweight")]
+    if not quant:
+        return None
+    stored = sum(m.qweight.nbytes + m.weight_scale.nbytes for m in quant)
+    return stored / sum(m.qweight.numel() for m in quant)
+
+
 def ridge_point(ceilings: DeviceCeilings, dtype: str | torch.dtype) -> float:
     """Arithmetic intensity (FLOP/byte) where the bandwidth slope meets the compute roof."""
     return ceilings.peak(dtype) / ceilings.bandwidth

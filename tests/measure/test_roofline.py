@@ -155,3 +155,22 @@ def test_plot_names_the_device_and_places_points():
     labels = {t.get_text() for t in ax.texts}
     assert {"decode B=1", "prefill 512"} <= labels and any("ridge" in t for t in labels)
     plt.close(fig)
+
+
+def test_quantized_weight_bytes_counts_codes_and_scales():
+    from torch import nn
+
+    from nanoserve.kernels.quantization import quantize_weight
+
+    class Codes(nn.Module):
+        def __init__(self, out, n, group):
+            super().__init__()
+            q, s = quantize_weight(torch.randn(out, n), "int8", group)
+            self.register_buffer("qweight", q)
+            self.register_buffer("weight_scale", s)
+
+    assert rl.quantized_weight_bytes(nn.Linear(4, 4)) is None
+    per_channel = nn.Sequential(Codes(8, 64, None), nn.Linear(64, 8))  # the float linear is not counted
+    assert rl.quantized_weight_bytes(per_channel) == 1 + 4 / 64
+    assert rl.quantized_weight_bytes(nn.Sequential(Codes(8, 64, 32), Codes(4, 32, None))) == \
+        (8 * 64 + 8 * 2 * 4 + 4 * 32 + 4 * 4) / (8 * 64 + 4 * 32)
