@@ -166,10 +166,10 @@ def roofline(ceilings, dtype, points=(), sweep: bool = False, reference=None, ax
                 label=f"reference: {name}")
     if sweep and points:
         mark_outliers(ax, [p[1] for p in points], [p[2] / 1e9 for p in points])
-    if reference is not None or sweep:
-        ax.legend(loc="lower right", fontsize=8)
+    if reference is not None or sweep:  # below the axes: inside, it would hide the low-intensity points
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, frameon=False)
     from matplotlib.text import Annotation
-    labels = [t for t in ax.texts if isinstance(t, Annotation)]  # the ridge note is a plain Text
+    labels = [t for t in ax.texts if isinstance(t, Annotation)]
     for t in labels:  # each label in its dot's colour: which label is whose stays clear
         dot = [ln for ln in ax.lines if len(ln.get_xdata()) == 1 and (ln.get_xdata()[0], ln.get_ydata()[0])
                == tuple(t.xy)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nanoserve.measure.figures import MEASURED_COLOR, MODELLED_COLOR
+from nanoserve.measure.figures import MEASURED_COLOR, MODELLED_COLOR, plain_log_ticks
 
 
 def plot_batch_context(points: Sequence, ceilings, dtype: str, crossover: float, device: str,
@@ -14,7 +14,6 @@ def plot_batch_context(points: Sequence, ceilings, dtype: str, crossover: float,
     floor (dashed). Right: the same steps against B x context, the KV tokens the step reads,
     with the point where the KV read equals the weight read."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     ax, bx = axes
@@ -30,17 +29,18 @@ def plot_batch_context(points: Sequence, ceilings, dtype: str, crossover: float,
     for a in (ax, bx):
         a.set_xscale("log", base=2)
         a.set_yscale("log")
-        for axis in (a.xaxis, a.yaxis):  # plain numbers, not powers of ten
-            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
-            axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:.6g}" if f"{v:.1e}"[0] in "25" else ""))
+        plain_log_ticks(a, "both")
         a.set_ylabel("decode step (ms, log)")
         a.grid(True, which="both", alpha=0.3)
     ax.set_xlabel("batch size B (log)")
     ax.set_title("Step vs batch; dashed: roofline floor", fontsize=10)
     ax.legend(fontsize=8)
     bx.axvline(crossover, color=MODELLED_COLOR, ls=":", lw=1.2)
+    lo, hi = bx.get_xlim()
+    right = crossover < (lo * hi) ** 0.5  # on the side with room, not out past the axes
     bx.annotate("KV read = weight read\n(modelled)", (crossover, 0.5), xycoords=("data", "axes fraction"),
-                xytext=(4, 0), textcoords="offset points", fontsize=8, color=MODELLED_COLOR)
+                xytext=(4 if right else -4, 0), textcoords="offset points", ha="left" if right else "right",
+                fontsize=8, color=MODELLED_COLOR)
     bx.set_xlabel("B x context: KV tokens read per step (log)")
     bx.set_title("Step vs KV tokens read", fontsize=10)
     ax.figure.suptitle(f"Decode over batch x context, {device}", fontsize=10)

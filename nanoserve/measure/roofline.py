@@ -229,11 +229,8 @@ def plot_roofline(ceilings: DeviceCeilings, dtype: str | torch.dtype,
               label=f"memory: {bw / 1e9:.1f} GB/s (batch-1 weight read)")
     ax.axhline(peak / 1e9, color="tab:red", ls="--", lw=1,
                label=f"compute: {peak / 1e9:.0f} GFLOP/s ({name} matmul)")
-    ax.axvline(ridge, color="grey", ls=":", lw=1)
-    # along the ridge line, on its left under the slope: the roof lines cross any label near the
-    # corner, and the points of a batch sweep crowd the right
-    ax.text(ridge / 1.04, 0.25, f"ridge {ridge:.1f} FLOP/B", transform=ax.get_xaxis_transform(),
-            rotation=90, ha="right", va="bottom", fontsize=9, color="grey")
+    # named in the legend: a label on the plot would sit where the points of a batch sweep cross it
+    ax.axvline(ridge, color="grey", ls=":", lw=1, label=f"ridge point: {ridge:.1f} FLOP/byte")
     for label, intensity, achieved in points:
         ax.plot(intensity, achieved / 1e9, "o")
         ax.annotate(label, (intensity, achieved / 1e9), textcoords="offset points",
