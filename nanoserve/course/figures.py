@@ -62,7 +62,7 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=
     mark_outliers(a, L, t)
     a.set_xlabel("prompt length (tokens)")
     a.set_ylabel("prefill time (s)")
-    a.legend(fontsize=8, loc="upper left")  # the times rise to the right
+    a.legend(fontsize=9, loc="upper left")  # the times rise to the right
     a.grid(True, alpha=0.3)
     _titled(a, "Prefill time against prompt length", label)
     xs = np.logspace(np.log10(L.min()), np.log10(max(extrapolate_to, L.max())), 200)
@@ -86,7 +86,7 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=
     b.set_ylabel("prefill time (s, log scale)")
     plain_log_ticks(b, "both")
     # below the panel: inside, every corner holds a curve, a point or a note
-    b.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
+    b.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     b.grid(True, which="both", alpha=0.3)
     _titled(b, f"Fitted, carried out to {extrapolate_to} tokens (dashed: modelled)", label)
     return fig
