@@ -60,6 +60,36 @@ struct Int8Code {
     return vf8{float(c[0]), float(c[1]), float(c[2]), float(c[3]), float(c[4]), float(c[5]), float(c[6]), float(c[7])};
 #endif
   }
+#if defined(__AVX2__)
+  // Thirty-two codes as four vectors: w[0..2] the codes times 2^24 (the group's sum times kWide
+  // undoes it, exactly: a power of two), w[3] the codes. The first three convert a code put in a
+  // lane's top byte (byte shuffles of sixteen codes loaded once); the fourth puts it in the low
+  // byte of 2^23 + 128's bits and subtracts: an add, where the conversion shares its unit with the
+  // multiply-adds that bound the loop.
+  static constexpr float kWide = 0x1p-24f;
+  static void load32(const uint8_t* p, vf8 w[4]) {
+    const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+    const __m256i lo = _mm256_setr_epi8(-1, -1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3,
+                                        -1, -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7);
+    const __m256i hi = _mm256_setr_epi8(-1, -1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11,
+                                        -1, -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15);
+    const __m256i low_byte = _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1,
+                                              12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1);
+    const __m256 f[4] = {_mm256_cvtepi32_ps(_mm256_shuffle_epi8(a, lo)), _mm256_cvtepi32_ps(_mm256_shuffle_epi8(a, hi)),
+                         _mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, lo)),
+                         // the code's byte xor 0x80 is code + 128, unsigned: exact in the mantissa
+                         _mm256_sub_ps(_mm256_castsi256_ps(_mm256_xor_si256(_mm256_shuffle_epi8(b, low_byte),
+                                                                            _mm256_set1_epi32(0x4B000080))),
+                                       _mm256_set1_ps(8388736.f))};
+    std::memcpy(w, f, sizeof f);
+  }
+#else
+  static constexpr float kWide = 1.f;
+  static void load32(const uint8_t* p, vf8 w[4]) {
+    for (int c = 0; c < 4; ++c) w[c] = load(p + 8 * c);
+  }
+#endif
 #if defined(WIDE16)
   static __m512 load16(const uint8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -68,6 +98,10 @@ struct Int8Code {
 };
 
 struct Fp8Code {
+  static constexpr float kWide = 1.f;
+  static void load32(const uint8_t* p, vf8 w[4]) {
+    for (int c = 0; c < 4; ++c) w[c] = load(p + 8 * c);
+  }
 #if defined(__AVX2__) && defined(__F16C__)
   static constexpr float kScale = 256.f;  // the fp16 read below is the value times 2^-8
   static vf8 load(const uint8_t* p) {
@@ -116,6 +150,11 @@ struct Lanes8 {
   static V splat(float s) { return V{} + s; }
   template <typename Code>
   static V codes(const uint8_t* p) { return Code::load(p); }
+  // four vectors of codes, the first three times 1 / kWide (Int8Code::load32)
+  template <typename Code>
+  static constexpr float kWide = Code::kWide;
+  template <typename Code>
+  static void codes4(const uint8_t* p, V w[4]) { Code::load32(p, w); }
   static V load(const float* p) { return load8(p); }
   static V fma(V a, V b, V c) { return fma8(a, b, c); }
   static V add(V a, V b) { return a + b; }
@@ -130,6 +169,12 @@ struct Lanes16 {
   static V splat(float s) { return _mm512_set1_ps(s); }
   template <typename Code>
   static V codes(const uint8_t* p) { return Code::load16(p); }
+  template <typename Code>
+  static constexpr float kWide = 1.f;
+  template <typename Code>
+  static void codes4(const uint8_t* p, V w[4]) {
+    for (int c = 0; c < 4; ++c) w[c] = Code::load16(p + 16 * c);
+  }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }
@@ -137,14 +182,46 @@ struct Lanes16 {
 };
 #endif
 
+// Groups of 32 (Q8_0): a group's four vectors in one chain, then its sum times the scale into the
+// row's sum; the chains of successive groups overlap. The loop of rows below, run per group, would
+// spend more on starting and closing a group than on its 32 codes.
+template <typename Code, int M>
+void rows32(const uint8_t* q, const float* scale, const float* x, float* y, int64_t r0, int64_t r1,
+            int64_t in, int64_t out) {
+  using L = Lanes8;
+  const int64_t groups = in / 32;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* qr = q + r * in;
+    const float* sr = scale + r * groups;
+    L::V acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = L::zero();
+    for (int64_t g = 0, i = 0; g < groups; ++g, i += 32) {
+      if ((g & 1) == 0) nanoserve::prefetch_ahead(qr + i);  // once a line
+      L::V wv[4];
+      for (int c = 0; c < 4; ++c) wv[c] = L::codes<Code>(qr + i + 8 * c);
+      const L::V s = L::splat(sr[g] * Code::kScale);
+      for (int m = 0; m < M; ++m) {
+        const float* xm = x + m * in + i;
+        L::V t = wv[0] * L::load(xm);
+        for (int c = 1; c < 4; ++c) t = L::fma(wv[c], L::load(xm + 8 * c), t);
+        acc[m] = L::fma(s, t, acc[m]);
+      }
+    }
+    for (int m = 0; m < M; ++m) y[m * out + r] = L::sum(acc[m]);
+  }
+}
+
 // Output rows [r0, r1) for M rows of x (fp32, `in` apart); `group` (a multiple of the vector width)
 // values share a scale, `groups` scales a row. Four chains of multiply-adds per x row within a
-// group, as in cpu_gemv.cpp.
+// group, as in cpu_gemv.cpp; chains 0-2 sum codes times 1 / kWide (codes4), chain 3 codes as they
+// are, and the rest of a group not a multiple of four vectors.
 template <typename Code, typename L, int M>
 void rows(const uint8_t* q, const float* scale, const float* x, float* y, int64_t r0, int64_t r1,
           int64_t in, int64_t out, int64_t group) {
   constexpr int W = L::kWidth;
   using V = typename L::V;
+  if constexpr (W == 8)
+    if (group == 32) return rows32<Code, M>(q, scale, x, y, r0, r1, in, out);
   const int64_t groups = in / group;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* qr = q + r * in;
@@ -158,18 +235,19 @@ void rows(const uint8_t* q, const float* scale, const float* x, float* y, int64_
       int64_t i = g * group;
       for (; i + 4 * W <= end; i += 4 * W) {
         nanoserve::prefetch_ahead(qr + i);  // eight lanes: twice a line, cheaper than a test
-        for (int c = 0; c < 4; ++c) {
-          const V wv = L::template codes<Code>(qr + i + W * c);
-          for (int m = 0; m < M; ++m) part[m][c] = L::fma(wv, L::load(x + m * in + i + W * c), part[m][c]);
-        }
+        V wv[4];
+        L::template codes4<Code>(qr + i, wv);
+        for (int c = 0; c < 4; ++c)
+          for (int m = 0; m < M; ++m) part[m][c] = L::fma(wv[c], L::load(x + m * in + i + W * c), part[m][c]);
       }
       for (; i < end; i += W) {  // a group of W * k values, k not a multiple of 4: the rest
         const V wv = L::template codes<Code>(qr + i);
-        for (int m = 0; m < M; ++m) part[m][0] = L::fma(wv, L::load(x + m * in + i), part[m][0]);
+        for (int m = 0; m < M; ++m) part[m][3] = L::fma(wv, L::load(x + m * in + i), part[m][3]);
       }
-      const V s = L::splat(scale[r * groups + g] * Code::kScale);
+      const float sg = scale[r * groups + g] * Code::kScale;
+      const V s = L::splat(sg), sw = L::splat(sg * L::template kWide<Code>);
       for (int m = 0; m < M; ++m)
-        acc[m] = L::fma(s, L::add(L::add(part[m][0], part[m][1]), L::add(part[m][2], part[m][3])), acc[m]);
+        acc[m] = L::fma(s, part[m][3], L::fma(sw, L::add(L::add(part[m][0], part[m][1]), part[m][2]), acc[m]));
     }
     for (int m = 0; m < M; ++m) y[m * out + r] = L::sum(acc[m]);
   }

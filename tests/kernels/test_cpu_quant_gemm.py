@@ -61,6 +61,21 @@ def test_matches_the_reference(rows, inp, out, method, grouped, dtype, bias, see
 
 
 @pytest.mark.parametrize("method", ["int8", "fp8"])
+@pytest.mark.parametrize("group,inp", [(64, 192), (40, 200), (96, 288)])
+def test_the_gemv_with_several_groups_a_row(method, group, inp):
+    """Groups of whole steps of 32 codes, with a rest, or both, three or more a row: the GEMV sums
+    a group's chains at two scales (its first three at 2^-24, cpu_quant_gemv.cpp's Int8Code::load32)
+    and starts the next group's at zero."""
+    q, s, b = make(37, inp, method, group, torch.float32, True, group)
+    x = torch.randn(2, inp, generator=torch.Generator().manual_seed(inp))
+    for rows in (1, 2):
+        y = torch.empty(rows, 37)
+        torch.ops.nanoserve_cpu.quant_gemv(y, x[:rows].contiguous(), q, s, b)
+        ok, err = within(y, x[:rows], q, s, b)
+        assert ok, f"max error {err:.3g}"
+
+
+@pytest.mark.parametrize("method", ["int8", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dequantize_is_the_reference_exactly(method, dtype):
     q, s, _ = make(70, 96, method, 32, dtype, False, 0)
