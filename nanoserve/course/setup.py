@@ -142,14 +142,15 @@ SIZES: dict[str, dict[str, dict]] = {
                      batch1_requests=16, streams=64, server_args=(), chat_questions=3,
                      chat_max_tokens=96),
     },
-    # batches: the step profile's and host split's decode batches; graph_batches: CUDA graphs on
-    # and off (all within the default capture sizes); pre_*: the preemption study's requests
+    # batches: the step profile's and host split's decode batches (the profile's in `rounds`
+    # interleaved rounds); graph_batches: CUDA graphs on and off (all within the default capture
+    # sizes); pre_*: the preemption study's requests
     # graph_kv_bytes: each graphs-on/off load's own KV pool, beside the lesson's loaded model
-    "11": {"quick": dict(batches=(1, 8), context=32, steps=6, graph_batches=(1, 8), graph_kv_bytes=2**28,
-                         pre_requests=8, pre_prompt=32, pre_tokens=32),
-           "cpu": dict(batches=(1, 16), context=128, steps=6, graph_batches=(1, 16), graph_kv_bytes=2**30,
-                       pre_requests=16, pre_prompt=64, pre_tokens=48),
-           "cuda": dict(batches=(1, 32), context=512, steps=16, graph_batches=(1, 8, 32, 64),
+    "11": {"quick": dict(batches=(1, 8), context=32, steps=6, rounds=3, graph_batches=(1, 8),
+                         graph_kv_bytes=2**28, pre_requests=8, pre_prompt=32, pre_tokens=32),
+           "cpu": dict(batches=(1, 16), context=128, steps=6, rounds=3, graph_batches=(1, 16),
+                       graph_kv_bytes=2**30, pre_requests=16, pre_prompt=64, pre_tokens=48),
+           "cuda": dict(batches=(1, 32), context=512, steps=16, rounds=3, graph_batches=(1, 8, 32, 64),
                         graph_kv_bytes=2**31,
                         pre_requests=64, pre_prompt=512, pre_tokens=256)},
     # on the real model (course.scenarios.chat): k drafts per verify; verify_*: the step-cost grid

@@ -137,3 +137,15 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
     kind = "prefill" if prefill else "decode"
     return StepProfile(label or f"{kind} batch {batch_size} x {context_len} tokens", n,
                        1e3 * total / n, {k: 1e3 * v / n for k, v in spent.items()})
+
+
+def step_profiles(llm: LLM | LLMEngine, batch_sizes, context_len: int = 128, steps: int = 5,
+                  rounds: int = 3) -> list[StepProfile]:
+    """step_profile of each batch size, in `rounds` rounds that each run every batch size (so a
+    burst of other work lands in one round, not on one batch size) -> per batch size, the round
+    whose step time is the median, split as that round measured it."""
+    runs: dict[int, list[StepProfile]] = {b: [] for b in batch_sizes}
+    for _ in range(max(1, rounds)):
+        for b in batch_sizes:
+            runs[b].append(step_profile(llm, b, context_len, steps=steps))
+    return [sorted(rs, key=lambda p: p.step_ms)[(len(rs) - 1) // 2] for rs in runs.values()]

@@ -87,3 +87,18 @@ def test_an_8_bit_models_linears_count_as_linear(monkeypatch):
     p = step_profile(llm, 1, 8, steps=2)
     assert n > 0 and p.parts_ms["linear"] >= 5 * n, (n, p.parts_ms)
     assert p.parts_ms["other"] < 5 * n, p.parts_ms
+
+
+def test_step_profiles_interleave_rounds_and_keep_each_batchs_median_round(llm, monkeypatch):
+    from nanoserve.measure import step_profile as sp
+    calls, times = [], iter([5.0, 9.0, 1.0, 2.0, 3.0, 30.0])  # rounds of (batch 1, batch 4)
+
+    def fake(llm, batch, context, steps):
+        calls.append(batch)
+        ms = next(times)
+        return sp.StepProfile(f"batch {batch}", steps, ms, dict.fromkeys(sp.PARTS, ms / len(sp.PARTS)))
+    monkeypatch.setattr(sp, "step_profile", fake)
+    profiles = sp.step_profiles(llm, (1, 4), 16, steps=2, rounds=3)
+    assert calls == [1, 4, 1, 4, 1, 4]  # every round runs every batch size
+    assert [p.label for p in profiles] == ["batch 1", "batch 4"]
+    assert [p.step_ms for p in profiles] == [3.0, 9.0]  # the median round, as it measured it

@@ -8,6 +8,7 @@ past the batch where the weights alone would reach the ridge point.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,26 +45,32 @@ def grid_cells(batches: Sequence[int], contexts: Sequence[int], max_kv_tokens: i
 
 def decode_grid(llm, batches: Sequence[int], contexts: Sequence[int], max_kv_tokens: int,
                 steps: int = 6, reps: int = 2, progress: bool = True) -> list[GridPoint]:
-    """Median decode step of B requests at each context length (decode_batch_sweep per context),
-    with the roofline's bytes and FLOPs of that step beside it."""
+    """Median decode step of B requests at each context length, with the roofline's bytes and
+    FLOPs of that step beside it. Each of `reps` rounds measures every cell once
+    (decode_batch_sweep, one round per context), so a burst of other work lands in one round of
+    many cells, not in every round of one cell; a cell's time is its median over rounds."""
     engine = engine_of(llm)
     cfg, dtype = engine.model_config, roofline.dtype_name(engine.dtype)
     fits = engine.num_kv_blocks * engine.config.block_size
-    cells = grid_cells(batches, contexts, min(max_kv_tokens, fits))
+    cells = {c: bs for c, bs in grid_cells(batches, contexts, min(max_kv_tokens, fits)).items() if bs}
+    if cells:  # untimed: the first cell would otherwise pay the one-off costs of a first step
+        ctx, bs = next(iter(cells.items()))
+        decode_batch_sweep(llm, bs[:1], ctx, 2, 1, progress=False)
+    times: dict[tuple[int, int], list[float]] = {}
+    with progress_bar(max(1, reps) * len(cells), "batch x context", progress) as bar:
+        for r in range(max(1, reps)):
+            for ctx, bs in cells.items():
+                for p in decode_batch_sweep(llm, bs, ctx, steps, 1, seed=r, progress=False):
+                    times.setdefault((p.batch, ctx), []).append(p.step_seconds)
+                bar.update(1)
     out = []
-    first = next(((ctx, bs) for ctx, bs in cells.items() if bs), None)
-    if first:  # untimed: the first cell would otherwise pay the one-off costs of a first step
-        decode_batch_sweep(llm, first[1][:1], first[0], 2, 1, progress=False)
-    with progress_bar(len(cells), "batch x context", progress) as bar:
-        for ctx, bs in cells.items():
-            for p in decode_batch_sweep(llm, bs, ctx, steps, reps, progress=False) if bs else ():
-                kv_len = ctx + 1 + steps // 2  # the KV length of the middle decode step
-                cost = roofline.step_cost(cfg, roofline.decode_batch(p.batch, kv_len),
-                                          roofline.dtype_bytes(dtype))  # the cache is in dtype too
-                out.append(GridPoint(p.batch, kv_len, p.step_seconds,
-                                     cost.bytes["linear"] + cost.bytes["lm_head"],
-                                     cost.bytes["attention"], cost.total_flops))
-            bar.update(1)
+    for (batch, ctx), ts in times.items():
+        kv_len = ctx + 1 + steps // 2  # the KV length of the middle decode step
+        cost = roofline.step_cost(cfg, roofline.decode_batch(batch, kv_len),
+                                  roofline.dtype_bytes(dtype))  # the cache is in dtype too
+        out.append(GridPoint(batch, kv_len, statistics.median(ts),
+                             cost.bytes["linear"] + cost.bytes["lm_head"],
+                             cost.bytes["attention"], cost.total_flops))
     return out
 
 
