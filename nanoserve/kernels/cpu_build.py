@@ -58,6 +58,21 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
+def splits_512_bit_ops(cpuinfo: str | None = None) -> bool:
+    """Does this CPU (or the /proc/cpuinfo text given) run a 512-bit vector instruction as two
+    256-bit halves? AMD's family 25 (Zen 4) does; Zen 5 (family 26) and Intel's AVX-512 cores run
+    it whole. The compiler cannot tell: GCC 12's -march=native names Zen 4 and Zen 5 alike."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    first = cpuinfo.split("\n\n")[0].splitlines()  # the first core's block
+    facts = {k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in first if ":" in ln)}
+    return facts.get("vendor_id") == "AuthenticAMD" and facts.get("cpu family") == "25"
+
+
 def _build(cxx: str, out: str, sources: list[str] | None = None) -> None:
     """Compile the sources (default: SOURCES) side by side (torch's headers make each take most
     of the build's time), then link them into `out`."""
@@ -65,6 +80,7 @@ def _build(cxx: str, out: str, sources: list[str] | None = None) -> None:
     torch_dir = os.path.dirname(torch.__file__)
     lib = os.path.join(torch_dir, "lib")
     flags = ["-O3", f"-march={march()}", "-std=c++20", "-fopenmp", "-fPIC", "-w",
+             *(["-DNANOSERVE_SPLIT512"] if splits_512_bit_ops() else []),
              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
              "-I", os.path.join(torch_dir, "include")]
     with tempfile.TemporaryDirectory(dir=os.path.dirname(out)) as tmp:

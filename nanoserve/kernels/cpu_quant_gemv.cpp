@@ -29,9 +29,9 @@
 #include "cpu_few_rows.h"
 
 // Sixteen codes a vector on AVX-512 CPUs that run a 512-bit instruction at full width; on a CPU
-// that splits it into two 256-bit halves the wider loop was slower (benchmarks/quantization.py,
-// results in benchmarks/results/), and the compiler names such CPUs either of the two below
-#if defined(__AVX512F__) && defined(__F16C__) && !defined(__znver3__) && !defined(__znver4__)
+// that splits it into two 256-bit halves (cpu_build.py defines NANOSERVE_SPLIT512 there) the wider
+// loop was slower (benchmarks/quantization.py, results in benchmarks/results/)
+#if defined(__AVX512F__) && defined(__F16C__) && !defined(NANOSERVE_SPLIT512)
 #define WIDE16
 #endif
 

@@ -41,3 +41,10 @@ def test_a_failed_build_falls_back_naming_the_compiler_error(monkeypatch, tmp_pa
     assert "bad.cpp" in cpu_build._why_not[-1] and "good.cpp" not in cpu_build._why_not[-1]
     built = tmp_path / "cache" / "nanoserve" / "kernels"
     assert [p.name for p in built.iterdir() if not p.name.endswith(".lock")] == []  # nothing half-built
+
+
+@pytest.mark.parametrize("vendor, family, splits", [("AuthenticAMD", 25, True), ("AuthenticAMD", 26, False),
+                                                    ("GenuineIntel", 6, False), ("AuthenticAMD", 23, False)])
+def test_which_cpus_split_512_bit_ops(vendor, family, splits):
+    core = f"processor\t: {{}}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 2\n"
+    assert cpu_build.splits_512_bit_ops(core.format(0) + "\n" + core.format(1)) is splits
