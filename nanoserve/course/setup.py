@@ -169,14 +169,15 @@ SIZES: dict[str, dict[str, dict]] = {
                         trace_tokens=48, samples=50000, kv_blocks=8192, grid_ks=(1, 2, 4, 6, 8),
                         grid_batches=(1, 64), grid_tokens=64, grid_reps=1)},
     # formats: the weight formats timed at batch 1 (context, steps); kv_memory: the bytes both KV
-    # caches get, a few requests' worth; requests .. rate: the goodput workload; prefill_len: the
-    # compute-bound prompt; quality_model: the model whose quality and generations are compared
+    # caches get, a few requests' worth; requests .. rate: the goodput workload, arriving fast enough
+    # that the bf16 cache is what limits the batch; prefill_len: the compute-bound prompt;
+    # quality_model: the model whose quality and generations are compared
     "13": {"quick": dict(model=DEMO_MODEL_DIR, formats=("float32", "bfloat16", "int8", "fp8"), context=32,
                          steps=6, kv_memory=3 * 2**17, requests=12, input_len=32, output_len=16, rate=50.0,
                          prefill_len=256, quality_model=DEMO_MODEL_DIR, quality_tokens=24),
            "cpu": dict(model="preset:llama-120m", formats=("float32", "bfloat16", "int8", "fp8"), context=128,
-                       steps=8, kv_memory=int(7.5 * 2**20), requests=16, input_len=128, output_len=32,
-                       rate=1.0, prefill_len=1024, quality_model="smollm2-135m", quality_tokens=48),
+                       steps=8, kv_memory=int(7.5 * 2**20), requests=32, input_len=128, output_len=32,
+                       rate=20.0, prefill_len=1024, quality_model="smollm2-135m", quality_tokens=48),
            "cuda": dict(model="preset:llama-3.2-1b", formats=("bfloat16", "int8", "fp8"), context=512,
                         steps=16, kv_memory=2**28, requests=64, input_len=512, output_len=128, rate=8.0,
                         prefill_len=4096, quality_model="smollm2-135m", quality_tokens=48)},
