@@ -1,10 +1,11 @@
 """Fewer bytes per step: batch-1 decode with fp32, bf16, int8 and fp8 weights, on the roofline.
 
     python benchmarks/quantization.py [--models preset:llama-120m,smollm2-135m] [--tokens 96]
-                                      [--rounds 3]
+                                      [--rounds 3] [--groups 32]
 
 In one run: one pass over llama-120m's linears at batch 1 per kernel variant (the engine's fp32
-and bf16 GEMV, the int8 and fp8 GEMV over codes, bf16 activations for the 8-bit ones), as GB/s of
+and bf16 GEMV, the int8 and fp8 GEMV over codes with a scale per channel and per group of each of
+`groups` input values, bf16 activations for the 8-bit ones), as GB/s of
 weight bytes read and as a share of the weight-read bandwidth (nanoserve.measure's batch-1 fp32
 GEMV ceiling) measured in the same round; then, per model, batch-1 decode of every variant (int8
 and fp8: weight-only codes, bf16 activations and KV cache) in interleaved rounds: each round's
@@ -34,8 +35,9 @@ from nanoserve.model import preset_config
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_linear import layer_shapes  # noqa: E402
 
-VARIANTS = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "int8": ("bfloat16", "int8"),
-            "fp8": ("bfloat16", "fp8")}
+# name -> (dtype, quantization, quantization_group_size)
+VARIANTS = {"fp32": ("float32", None, None), "bf16": ("bfloat16", None, None),
+            "int8": ("bfloat16", "int8", None), "fp8": ("bfloat16", "fp8", None)}
 
 
 def machine() -> str:
@@ -68,8 +70,9 @@ def gemv_pass(mods, shapes, dtype, reps: int = 20, rows: int = 1) -> float:
     return statistics.median(times)
 
 
-def gemv_table(rounds: int) -> float:
-    """The GEMV table; -> the weight-read bandwidth (median of rounds), measured between its passes."""
+def gemv_table(rounds: int, groups: list[int]) -> float:
+    """The GEMV table, the 8-bit codes per channel and per group of each of `groups` input values;
+    -> the weight-read bandwidth (median of rounds), measured between its passes."""
     cfg = preset_config("llama-120m")
     shapes = layer_shapes(cfg) * cfg.num_hidden_layers
     dense = [torch.randn(o, i) * 0.02 for o, i in shapes]
@@ -78,11 +81,12 @@ def gemv_table(rounds: int) -> float:
                 "bf16 GEMV": ([cpu_gemm.PackedLinear(w, None)
                                for w in to_huge_pages([w.bfloat16() for w in dense])], torch.bfloat16)}
     for method in ("int8", "fp8"):
-        buffer = cpu_quant_gemm.DequantBuffer(max(w.numel() for w in dense))
-        codes = [quantize_weight(w, method) for w in dense]
-        mods = [cpu_quant_gemm.QuantizedCpuLinear(q, sc, None, buffer)
-                for q, (_, sc) in zip(to_huge_pages([q for q, _ in codes]), codes)]
-        variants[f"{method} GEMV"] = (mods, torch.bfloat16)
+        for group in (None, *groups):
+            buffer = cpu_quant_gemm.DequantBuffer(max(w.numel() for w in dense))
+            codes = [quantize_weight(w, method, group) for w in dense]
+            mods = [cpu_quant_gemm.QuantizedCpuLinear(q, sc, None, buffer)
+                    for q, (_, sc) in zip(to_huge_pages([q for q, _ in codes]), codes)]
+            variants[f"{method} GEMV" + (f", groups of {group}" if group else "")] = (mods, torch.bfloat16)
     nbytes = {name: sum(m.qweight.nbytes + m.weight_scale.nbytes if hasattr(m, "qweight")
                         else m.dense_weight().nbytes for m in mods) for name, (mods, _) in variants.items()}
     seconds, bandwidths = {name: [] for name in variants}, []
@@ -144,11 +148,14 @@ def decode_itl(llm, prompt: list[int], tokens: int) -> float:
     return statistics.median(b - a for a, b in zip(times[1:], times[2:]))  # steps after the first decode
 
 
-def decode_table(model: str, tokens: int, rounds: int, bandwidth: float) -> dict[str, float]:
+def decode_table(model: str, tokens: int, rounds: int, bandwidth: float,
+                 groups: list[int]) -> dict[str, float]:
+    """Batch-1 decode of VARIANTS and int8 with a scale per group of each of `groups` inputs."""
     prompt = list(range(100, 132))
-    config = EngineConfig(num_kv_blocks=64, max_num_seqs=4)
-    llms = {name: LLM(model, device="cpu", dtype=dtype, quantization=q, config=config)
-            for name, (dtype, q) in VARIANTS.items()}
+    variants = {**VARIANTS, **{f"int8, groups of {g}": ("bfloat16", "int8", g) for g in groups}}
+    llms = {name: LLM(model, device="cpu", dtype=dtype, config=EngineConfig(
+                num_kv_blocks=64, max_num_seqs=4, quantization=q, quantization_group_size=g))
+            for name, (dtype, q, g) in variants.items()}
     for llm in llms.values():
         decode_itl(llm, prompt, 8)  # warm-up
     itl = {name: [] for name in llms}
@@ -166,10 +173,10 @@ def decode_table(model: str, tokens: int, rounds: int, bandwidth: float) -> dict
         ms = statistics.median(itl[name]) * 1e3
         floor = nbytes / bandwidth * 1e3
         tok_s[name] = 1e3 / ms
-        act = VARIANTS[name][0].replace("float32", "fp32").replace("bfloat16", "bf16")
+        act = variants[name][0].replace("float32", "fp32").replace("bfloat16", "bf16")
         print(f"| {name} | {act} | {nbytes / 1e6:.1f} | {ms:.2f} | {floor:.2f} | {floor / ms:.0%} | "
               f"{tok_s[name]:.1f} |", flush=True)
-    for name in ("int8", "fp8"):
+    for name in [n for n in llms if variants[n][1]]:
         per_round = [b / q for b, q in zip(itl["bf16"], itl[name])]
         print(f"{name}/bf16 tokens/s: {tok_s[name] / tok_s['bf16']:.2f}x "
               f"(rounds: {', '.join(f'{r:.2f}' for r in per_round)}); bytes per step "
@@ -183,16 +190,19 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", default="3,16,64,512", help="rows of the larger-batch table ('' skips it)")
+    ap.add_argument("--groups", default="32", help="scale group sizes besides per channel of the GEMV "
+                    "table's 8-bit codes and the decode table's int8 ('' none)")
     args = ap.parse_args(argv)
+    groups = [int(g) for g in args.groups.split(",") if g]
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f} at the start; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads")
     with torch.inference_mode():
-        bandwidth = gemv_table(args.rounds)
+        bandwidth = gemv_table(args.rounds, groups)
         if args.batches:
             for dtype in (torch.bfloat16, torch.float32):
                 batch_table([int(b) for b in args.batches.split(",")], args.rounds, dtype)
     for model in filter(None, args.models.split(",")):
-        decode_table(model, args.tokens, args.rounds, bandwidth)
+        decode_table(model, args.tokens, args.rounds, bandwidth, groups)
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -238,6 +238,9 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES: "auto" (the model's dtype) or "fp8"
     # the decoder layers' linear weights as 8-bit codes: "int8" or "fp8" (e4m3); None keeps the dtype
     quantization: str | None = None
+    # values sharing a scale of those codes: None, one per output channel; else one per this many input
+    # values (GPTQ's group_size), which must divide every linear's input size
+    quantization_group_size: int | None = None
 
     def __post_init__(self):
         def check(name, ok, allowed):
@@ -300,6 +303,7 @@ class EngineConfig:
         check("quantization", self.quantization is None or (isinstance(self.quantization, str) and
                                                             self.quantization in QUANTIZATION_METHODS),
               f"None or one of {list(QUANTIZATION_METHODS)}")
+        integer("quantization_group_size", 1, optional=True)
 
     @property
     def num_speculative_tokens(self) -> int:

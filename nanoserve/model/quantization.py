@@ -2,8 +2,10 @@
 
 Decode reads every weight once per step, so a weight in 8 bits instead of 16 halves a linear's
 bytes per step. `LLM(model, quantization="int8")` (or "fp8", e4m3) computes the codes at load,
-one symmetric scale per output channel (kernels/quantization.py defines the formats); the
-activations, the KV cache and everything outside the linears keep the model's dtype.
+one symmetric scale per output channel (kernels/quantization.py defines the formats), or one per
+run of `EngineConfig.quantization_group_size` input values: a scale then spans fewer weights, so
+one large weight coarsens fewer others' steps, for a few more bytes per weight; the activations,
+the KV cache and everything outside the linears keep the model's dtype.
 
 The shape is vLLM's (vllm/model_executor/layers/quantization): a QuantizationConfig hands each
 linear layer a linear method, which creates the layer's weights (`create_weights`), turns them into

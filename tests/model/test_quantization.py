@@ -9,6 +9,7 @@ code has 3 mantissa bits, so the error is at most 2^-4 of |w| / scale above the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -23,10 +24,11 @@ from nanoserve.model import DEMO_MODEL_DIR, load_model
 from nanoserve.model.quantization import QuantizationConfig, QuantizedLinear, check_quantization
 from tests.model.test_model import engine_logits
 
-# SmolLM2-135M's argmax agreement floors (the slow test): measured 95.1% int8 and 89.6% fp8 against
-# bf16, 95.8% and 91.4% under fp32 activations against fp32 (bf16 itself agrees 95.8% with fp32), less
-# two points; the issue's goals (97%, 95%) are not met by per-channel scales on this model
+# SmolLM2-135M's argmax agreement floors (the slow test): each case's agreement over the test's 384
+# positions (`benchmarks/quant_quality.py --windows 3` prints it) less two points. The issue's goals
+# against bf16 stay unmet whatever the scales: fp32 itself agrees with bf16 below them
 INT8_VS_BF16, FP8_VS_BF16, INT8_VS_FP32, FP8_VS_FP32 = 0.93, 0.87, 0.94, 0.89
+INT8_G32_VS_BF16, INT8_G32_VS_FP32 = 0.946, 0.954
 
 
 def error_bound(w: torch.Tensor, scale: torch.Tensor, method: str) -> torch.Tensor:
@@ -133,8 +135,39 @@ def test_serve_takes_quantization():
     ap = add_cli_args(argparse.ArgumentParser())
     assert ap.parse_args(["--quantization", "fp8"]).quantization == "fp8"
     assert ap.parse_args([]).quantization is None
+    grouped = ap.parse_args(["--quantization", "int8", "--quantization-group-size", "32"])
+    assert grouped.quantization_group_size == 32
+    assert ap.parse_args([]).quantization_group_size is None
     with pytest.raises(SystemExit):
         ap.parse_args(["--quantization", "int4"])
+
+
+@pytest.mark.parametrize("method", ["int8", "fp8"])
+def test_a_group_size_gives_each_linear_a_scale_per_run_of_that_many_inputs(method):
+    """quantization_group_size=16 on the demo model (16 divides its 256 and 688 inputs): each row's
+    scales are its consecutive 16-value runs' largest |w| over the largest code, in order, and the
+    engine's dequantized weights are the checkpoint's within those scales' bound (a scale applied to
+    another run misses it by many steps)."""
+    dense = dict(load_model(DEMO_MODEL_DIR, "cpu", "float32")[0].named_modules())
+    llm = LLM(DEMO_MODEL_DIR, dtype="float32", config=EngineConfig(
+        num_kv_blocks=16, quantization=method, quantization_group_size=16))
+    layers = [(name, m) for name, m in llm.engine.model.named_modules() if hasattr(m, "qweight")]
+    assert len(layers) == 4 * llm.engine.model_config.num_hidden_layers
+    for name, layer in layers:
+        w = dense[name].weight.detach()
+        out, n = w.shape
+        want = w.abs().view(out, n // 16, 16).amax(-1) / CODE_MAX[method]
+        assert torch.equal(layer.weight_scale, want), name
+        err = (dequantize_weight(layer.qweight, layer.weight_scale) - w).abs()
+        assert (err <= error_bound(w, want, method)).all(), name
+
+
+def test_a_group_size_is_refused_where_it_cannot_apply():
+    for bad in (0, -8, "x", 2.5):
+        with pytest.raises(ValueError, match="quantization_group_size"):
+            EngineConfig(quantization="int8", quantization_group_size=bad)
+    with pytest.raises(ValueError, match="group_size=32 must divide the weight's 688 input features"):
+        LLM(DEMO_MODEL_DIR, quantization="int8", config=EngineConfig(quantization_group_size=32))
 
 
 def heldout_tokens(llm, n: int) -> list[int]:
@@ -161,20 +194,22 @@ def test_argmax_agrees_with_bf16_on_the_demo_model(method, target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,dtype,target", [
-    ("int8", "bfloat16", INT8_VS_BF16), ("fp8", "bfloat16", FP8_VS_BF16),
-    ("int8", "float32", INT8_VS_FP32), ("fp8", "float32", FP8_VS_FP32)])
-def test_argmax_agreement_on_the_real_model(method, dtype, target):
-    """SmolLM2-135M, 384 teacher-forced positions of the held-out plays, quantized against the same
-    dtype unquantized (benchmarks/quant_quality.py prints the same measure; results in
-    benchmarks/results/quantization-2026-12-02.md)."""
+@pytest.mark.parametrize("method,dtype,group,target", [
+    ("int8", "bfloat16", None, INT8_VS_BF16), ("fp8", "bfloat16", None, FP8_VS_BF16),
+    ("int8", "float32", None, INT8_VS_FP32), ("fp8", "float32", None, FP8_VS_FP32),
+    ("int8", "bfloat16", 32, INT8_G32_VS_BF16), ("int8", "float32", 32, INT8_G32_VS_FP32)])
+def test_argmax_agreement_on_the_real_model(method, dtype, group, target):
+    """SmolLM2-135M, 384 teacher-forced positions of the held-out plays, quantized (a scale per
+    channel, or per 32 inputs) against the same dtype unquantized (benchmarks/quant_quality.py
+    --windows 3 reads the same spans)."""
     config = EngineConfig(num_kv_blocks=30, max_num_batched_tokens=512)
     base = LLM("smollm2-135m", dtype=dtype, config=config)
-    quant = LLM("smollm2-135m", dtype=dtype, config=config, quantization=method)
-    tokens = heldout_tokens(base, 10**6)  # all of it; the spans benchmarks/quant_quality.py reads
+    quant = LLM("smollm2-135m", dtype=dtype, quantization=method,
+                config=dataclasses.replace(config, quantization_group_size=group))
+    tokens = heldout_tokens(base, 10**6)  # all of it, as the benchmark reads it
     step = (len(tokens) - 128) // 3
     spans = [tokens[i * step:i * step + 128] for i in range(3)]
     want = torch.cat([engine_logits(base.engine, s, len(s)) for s in spans]).argmax(-1)
     got = torch.cat([engine_logits(quant.engine, s, len(s)) for s in spans]).argmax(-1)
     agreement = (got == want).float().mean().item()
-    assert agreement >= target, f"{method} ({dtype}): argmax agreement {agreement:.3f} < {target}"
+    assert agreement >= target, f"{method}, group {group} ({dtype}): agreement {agreement:.3f} < {target}"
