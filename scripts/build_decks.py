@@ -40,7 +40,6 @@ def exporter(out_dir: Path):
         sys.exit(f"node_modules lacks {missing}: run `npm ci` in {ROOT} (make slides does)")
     rel = os.path.relpath(NODE, out_dir)
     cfg = Config({"SlidesExporter": {k: f"{rel}/{v}" for k, v in ASSETS.items()}})
-    cfg.SlidesExporter.reveal_scroll = True  # a slide taller than the screen scrolls, not clips
     cfg.SlidesExporter.extra_template_basedirs = [str(TEMPLATE.parent)]
     cfg.SlidesExporter.template_name = TEMPLATE.name
     return SlidesExporter(config=cfg)

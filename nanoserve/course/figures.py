@@ -74,10 +74,10 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=
     if reference is not None:  # here, not on the left: on log axes a faster or slower machine fits
         b.loglog(*zip(*reference[1]), "s", color="0.6", ms=4, label=f"reference: {reference[0]}")
     # the short prompt's note in the empty upper left, with an arrow: beside its point it ran
-    # over the axis; the long one's to the left of its point, in the top right corner
+    # over the axis; the long one's level with it, on its left, above the falling curve
     leader = dict(arrowstyle="-", lw=0.6, color="0.4", shrinkB=4)
     notes = ((300, (0.04, 0.5), "axes fraction", "left", "bottom", leader),
-             (extrapolate_to, (-8, -4), "offset points", "right", "top", None))
+             (extrapolate_to, (-10, 0), "offset points", "right", "center", None))
     for n, xytext, coords, ha, va, arrow in notes:
         b.plot([n], [fit.predict(n)], "s", color="tab:red", ms=6)
         b.annotate(f"{n} tokens: {float(fit.predict(n)):.3g} s", (n, fit.predict(n)), textcoords=coords,
@@ -85,8 +85,10 @@ def plot_prefill_fit(points, fit, label, extrapolate_to: int = 30000, reference=
     b.set_xlabel("prompt length (tokens, log scale)")
     b.set_ylabel("prefill time (s, log scale)")
     plain_log_ticks(b, "both")
-    # below the panel: inside, every corner holds a curve, a point or a note
-    b.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
+    # under both panels: inside, every corner holds a curve, a point or a note; under this panel
+    # alone, a reference's long label made the layout squeeze both panels to fit it
+    fig.legend(*b.get_legend_handles_labels(), fontsize=9, loc="outside lower right", ncol=2,
+               frameon=False)
     b.grid(True, which="both", alpha=0.3)
     _titled(b, f"Fitted, carried out to {extrapolate_to} tokens (dashed: modelled)", label)
     return fig
@@ -307,8 +309,12 @@ def plot_goodput(points, slo: dict, label, x: str = "offered", ax=None, modelled
         ax.plot(mx, [p.throughput for p in modelled], "-", color=MODELLED_COLOR, alpha=0.5,
                 label="throughput, modelled")
         ax.plot(mx, [p.goodput for p in modelled], "--", color=MODELLED_COLOR, label="goodput, modelled")
-    ax.plot(xs, [p.throughput for p in points], "o-", color="0.4", label="throughput, measured")
-    ax.plot(xs, [p.goodput for p in points], "s-", color=MEASURED_COLOR, label="goodput, measured")
+    # throughput as hollow rings wider than goodput's squares, drawn over them: where every
+    # request met the SLO the two coincide, and a marker underneath would vanish
+    ax.plot(xs, [p.throughput for p in points], "o-", color="0.4", lw=1, ms=10, mfc="none", mew=1.5,
+            zorder=3, label="throughput, measured")
+    ax.plot(xs, [p.goodput for p in points], "s-", color=MEASURED_COLOR, lw=2, ms=5,
+            label="goodput, measured")
     ax.set_ylabel("completed requests/s")
     ax.set_ylim(0, None)
     ax.grid(True, alpha=0.3)

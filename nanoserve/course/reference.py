@@ -5,9 +5,9 @@ One small JSON file per machine in reference_data/ (scripts/reference_results.py
 writes it, and says how to rerun it): when, on what (CPU model and flags, threads, versions),
 how busy the machine was, and per mode ("quick" or "full") and lesson the sizes used and the
 series measured. A lesson asks `series(lesson, key)` and gets (label, points) only when a
-reference of its device kind was measured at exactly the sizes it is running now: a reference
-at other sizes would compare different experiments. Otherwise None, and the figure draws only
-the reader's own points.
+reference of its device kind was measured at exactly the sizes it is running now, on a machine
+that was not busy: a reference at other sizes would compare different experiments. Otherwise
+None, and the figure draws only the reader's own points.
 
 Deliberately left out: measuring (the script does it with course.experiments and scenarios).
 """
@@ -29,9 +29,22 @@ def _load(path: str) -> dict:
         return json.load(f)
 
 
+# Other work on the machine while it was measured, in percent of one core, past which a reference
+# is left out: on a busy 2-core machine two-thread kernels wait for a descheduled thread, and
+# its times say more about that work than about the machine.
+BUSY_PERCENT = 50
+
+
 def references(folder: Path = DATA) -> list[dict]:
     """Every reference file's contents, by file name."""
     return [_load(str(p)) for p in sorted(Path(folder).glob("*.json"))]
+
+
+def quiet_references(folder: Path = DATA) -> list[dict]:
+    """The references measured while other work held under BUSY_PERCENT of a core: the ones a
+    figure shows."""
+    return [r for r in references(folder)
+            if r.get("load", {}).get("other_processes_cpu_percent", 0) < BUSY_PERCENT]
 
 
 def machine(ref: dict) -> str:
@@ -63,7 +76,7 @@ def series(lesson: str, key: str, device: str | None = None, quick: bool | None 
     quick = quick_mode() if quick is None else quick
     mode, kind = ("quick" if quick else "full"), device_kind(device)
     want = sizes(lesson, quick=quick, device=device)
-    for ref in references(folder):
+    for ref in quiet_references(folder):
         entry = ref.get("modes", {}).get(mode, {}).get(lesson)
         if (ref.get("device_kind") == kind and entry and _same(entry["sizes"], want)
                 and key in entry["series"]):
@@ -78,7 +91,7 @@ def all_series(lesson: str, key: str, quick: bool | None = None, folder: Path = 
     quick = quick_mode() if quick is None else quick
     mode, want = ("quick" if quick else "full"), sizes(lesson, quick=quick)
     out = []
-    for ref in references(folder):
+    for ref in quiet_references(folder):
         entry = ref.get("modes", {}).get(mode, {}).get(lesson)
         if entry and key in entry["series"]:
             other = "" if _same(entry["sizes"], want) else ", its own sizes"

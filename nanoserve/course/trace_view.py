@@ -52,10 +52,12 @@ class StepView:
 
     def ran(self) -> str:
         """'r0 prefill 16@0, r1 decode 1@33, r2 decode 1+4@40 (3 accepted)': request, kind,
-        tokens (+ drafts checked) @ first position."""
-        return ", ".join(f"r{e.request_id} {e.kind} {e.num_tokens}@{e.start}" if not e.num_draft_tokens else
-                         f"r{e.request_id} {e.kind} 1+{e.num_draft_tokens}@{e.start} "
-                         f"({e.num_accepted_tokens} accepted)" for e in self.record.entries)
+        tokens (+ drafts checked) @ first position. Within one request's entry the spaces are
+        no-break spaces, so a narrow table column wraps between requests, never inside one."""
+        return ", ".join((f"r{e.request_id} {e.kind} {e.num_tokens}@{e.start}" if not e.num_draft_tokens else
+                          f"r{e.request_id} {e.kind} 1+{e.num_draft_tokens}@{e.start} "
+                          f"({e.num_accepted_tokens} accepted)").replace(" ", "\u00a0")
+                         for e in self.record.entries)
 
     def describe(self, decode=None) -> str:
         """The step in sentences; decode: token ids -> text, to show drafts as text."""

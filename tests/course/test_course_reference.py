@@ -28,6 +28,20 @@ def test_series_only_at_the_same_sizes_and_device(tmp_path):
     assert reference.series("03", "decode_batch", device="cpu", quick=True, folder=tmp_path) is None
 
 
+def test_a_reference_measured_on_a_busy_machine_is_left_out(tmp_path):
+    here = setup.sizes("03", quick=True, device="cpu")
+    for name, busy, value in (("a-busy.json", 134.0, 0.5), ("b-quiet.json", 0.9, 0.03)):
+        data = {"machine": name, "date": "2026-11-30", "device_kind": "cpu",
+                "load": {"other_processes_cpu_percent": busy},
+                "modes": {"quick": {"03": {"sizes": here, "series": {"decode_batch": [[1, value]]}}}}}
+        (tmp_path / name).write_text(json.dumps(data))
+    reference._load.cache_clear()
+    label, points = reference.series("03", "decode_batch", device="cpu", quick=True, folder=tmp_path)
+    assert label.startswith("cpu: b-quiet.json") and points == [[1, 0.03]]
+    every = reference.all_series("03", "decode_batch", quick=True, folder=tmp_path)
+    assert [lab for lab, _ in every] == [label]
+
+
 def test_shipped_references_are_complete():
     """Every file in reference_data says what, when and how busy, and its sizes are lessons'."""
     for ref in reference.references():

@@ -1,7 +1,8 @@
 """What a screenshot review of the lessons found hard to read, kept fixed: log axes in plain
 numbers, an SLO far above the data drawn as a note (not a line squashing the curves), whole
 draft positions, a roofline's point labels off its lines, tables without exponents, labels of
-8 points or more, and printed sizes that fit a slide."""
+8 points or more, printed sizes that fit a slide, and throughput's markers visible where goodput
+equals it."""
 
 from types import SimpleNamespace
 
@@ -101,3 +102,38 @@ def test_a_lessons_sizes_print_within_100_columns():
         for quick in (True, False):
             S = setup.sizes(lesson, quick=quick, device="cpu")
             assert max(map(len, repr(S).splitlines())) <= 100 and eval(repr(S)) == dict(S), repr(S)
+
+
+def test_throughput_and_goodput_both_show_where_they_are_equal():
+    from nanoserve.course.figures import plot_goodput
+    points = [SimpleNamespace(offered=r, throughput=r, goodput=r) for r in (1.0, 2.0, 3.0)]
+    fig = plot_goodput(points, {"tpot": 0.05}, "measured on a test CPU")
+    ax = fig.axes[0]
+    fig.set_dpi(100)
+    fig.canvas.draw()  # the layout first: it places the axes
+    x, y = ax.transData.transform((2.0, 2.0))
+    row, col = fig.canvas.get_width_height()[1] - round(y), round(x)
+
+    def around_the_point():
+        fig.canvas.draw()
+        return np.asarray(fig.canvas.buffer_rgba())[row - 12:row + 13, col - 12:col + 13, :3].astype(int)
+    both = around_the_point()
+    for name in ("throughput, measured", "goodput, measured"):
+        line = next(ln for ln in ax.lines if ln.get_label() == name)
+        line.set_visible(False)
+        changed = (np.abs(around_the_point() - both).max(axis=-1) > 60).sum()
+        line.set_visible(True)
+        assert changed >= 20, f"{name}: hiding it changes {changed} pixels at a point where the two are equal"
+
+
+def test_a_long_reference_label_leaves_the_prefill_panels_their_width():
+    from nanoserve.course.experiments import fit_prefill
+    from nanoserve.course.figures import plot_prefill_fit
+    lengths, seconds = [32, 128, 512, 1024], [0.004, 0.009, 0.03, 0.07]
+    points = [SimpleNamespace(length=n, seconds=t, times=[t, 1.1 * t]) for n, t in zip(lengths, seconds)]
+    label = "cpu: AMD EPYC (2 cores; AVX2, AVX-512, no AMX), 2026-12-02, quick sizes"
+    fig = plot_prefill_fit(points, fit_prefill(lengths, seconds), "measured on a test CPU",
+                           reference=(label, list(zip(lengths, seconds))))
+    fig.canvas.draw()
+    widths = [ax.get_position().width for ax in fig.axes]
+    assert min(widths) >= 0.4, widths

@@ -75,8 +75,12 @@ def test_two_replicas_at_b_against_one_at_2b(monkeypatch):
     monkeypatch.setattr(replicas, "goodput_points", lambda points, slo: [
         SimpleNamespace(batch=b, throughput=float(b), goodput=float(b) if t <= slo else 0.0,
                         median_tpot=t) for b, t in runs])
-    rows = ex.replica_table([], 4, {"strict": 0.004, "loose": 0.006}, 3.6).rows
+    table = ex.replica_table([], 4, {"strict": 0.004, "loose": 0.006}, 3.6)
+    rows = table.rows
     strict, loose = rows[:3], rows[3:]
+    # each SLO by its name, its limit once in the title: a slide's column stays one line wide
+    assert [r["SLO"] for r in rows] == ["strict"] * 3 + ["loose"] * 3
+    assert "strict TPOT <= 4.00 ms, loose TPOT <= 6.00 ms" in table.title
     assert [r["goodput requests/s"] for r in strict] == [4, 0, 8]
     assert strict[1]["$ per 1M good requests"] == "no goodput"
     # $3.60 an hour is $0.001 a second: 1e6 requests at 4/s cost $250; two devices at 8/s the same

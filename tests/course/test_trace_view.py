@@ -26,7 +26,8 @@ def test_blocks_follow_the_tokens_and_go_back_at_the_end(llm):
             and any(e.request_id == "1" and e.kind == "decode" for e in v.record.entries)]
     assert [e.start for v in grew for e in v.record.entries if e.request_id == "1"] == [32]
     table = t.table()
-    assert table.rows[0]["ran (request kind tokens@position)"] == "r0 prefill 32@0"
+    # no-break spaces inside an entry: a narrow column wraps between requests only
+    assert table.rows[0]["ran (request kind tokens@position)"] == "r0\u00a0prefill\u00a032@0"
     assert "r0 prefills 32 tokens, positions 0-31" in t.describe(0)
 
 

@@ -1,7 +1,9 @@
 """The decks of `make slides`, opened from disk with the network off (every request that is not
 file:// aborted): reveal.js starts from node_modules, every deck has its slides and speaker
-notes, its title slide fits the screen, every taller slide scrolls and says so, no line runs off a
-slide's right edge, and the slide of lesson 05's interference figure shows the image."""
+notes, its title slide fits the screen, every taller slide scrolls and says so under its text, no
+line or table runs off a slide's right edge, each formula shows once after paging through the deck,
+a fragment shown below a tall slide's fold scrolls into view, and the slide of lesson 05's
+interference figure shows the image."""
 
 from pathlib import Path
 
@@ -73,19 +75,33 @@ def test_title_fits_and_every_taller_slide_scrolls(browser, require, artifacts, 
             page.wait_for_function(f"() => {PRESENT} === {LEAVES}[{k}]", timeout=30_000)
             tall, height, scrolls, wide, text = page.evaluate(f"""() => {{ const s = {PRESENT};
                 const h = parseFloat(document.querySelector('.reveal .slides').style.height);
+                // the tab shows, under the scrolling box rather than over its last visible line
+                const tab = document.querySelector('.reveal .slides > .ns-more');
+                const top = s.parentElement.matches('.slides') ? 0 : s.parentElement.offsetTop;
                 const scrolls = getComputedStyle(s).overflowY === 'scroll' && s.clientHeight <= h
-                                && s.querySelector(':scope > .ns-more') !== null;
+                                && tab !== null && getComputedStyle(tab).visibility === 'visible'
+                                && tab.offsetTop >= top + s.offsetTop + s.offsetHeight;
                 const wide = [...s.querySelectorAll('pre')].filter(e => e.scrollWidth > e.clientWidth + 1)
-                                .map(e => e.textContent.slice(0, 40));
+                    .concat([...s.querySelectorAll('table')].filter(
+                        t => t.offsetWidth > t.parentElement.clientWidth + 1))
+                    .map(e => e.textContent.trim().slice(0, 40));
                 return [s.scrollHeight, h, scrolls, wide, s.textContent.trim().slice(0, 40)]; }}""")
             if k == 0:
                 assert tall <= height, f"the title slide is {tall} px tall, the slide {height} px: {text!r}"
             elif tall > height and not scrolls:
                 cut.append((h, v, tall, text))
             cut += [(h, v, "a line cut at the right edge", line) for line in wide]
-        assert not cut, f"slides taller than the screen with no scroll and 'more below' bar, or cut: {cut}"
+        assert not cut, f"slides taller than the screen with no 'more below' tab under them, or cut: {cut}"
         page.evaluate("location.hash = '#/0/1'")
         page.wait_for_timeout(1000)  # the slide transition
+        # paged through as a presenter would, each formula shows once: one output per TeX source
+        page.wait_for_function("() => new Promise(done => MathJax.Hub.Queue(() => done(true)))",
+                               timeout=30_000)
+        shown, sources, previews = page.evaluate("""() => [document.querySelectorAll('.MathJax_CHTML').length,
+            document.querySelectorAll('script[type^="math/tex"]').length,
+            [...document.querySelectorAll('.MathJax_Preview')].filter(e => e.textContent.trim()).length]""")
+        assert shown == sources and previews == 0, \
+            f"{shown} typeset formulas for {sources} in the deck, and {previews} previews left beside them"
         page.screenshot(path=str(artifacts / f"deck_{deck.name[:2]}_intro.png"))
     finally:
         page.close()
@@ -115,5 +131,45 @@ def test_lesson_05_interference_slide_shows_its_figure(browser, require, artifac
         page.screenshot(path=str(artifacts / "deck_05_interference.png"))
         # the widget's slide: its default state as a static figure, and the note that it is live
         assert "Interactive in JupyterLab" in page.content()
+    finally:
+        page.close()
+
+
+def test_a_fragment_shown_below_the_fold_scrolls_into_view(browser, require, artifacts):
+    deck = DECKS / f"{lessons.lesson_path('03').stem}.slides.html"
+    page, _ = open_offline(browser, require, deck)
+    try:
+        # the first slide whose box scrolls and whose last fragment starts below the box's foot
+        found = None
+        places = page.evaluate(f"""() => {LEAVES}.map(s => {{
+            const top = s.parentElement.matches('.slides') ? s : s.parentElement;
+            return [[...top.parentElement.children].indexOf(top),
+                    top === s ? 0 : [...top.children].indexOf(s), s.querySelector('.fragment') !== null];
+        }})""")
+        for k, (h, v, fragments) in enumerate(places):
+            if not fragments:
+                continue
+            page.evaluate(f"location.hash = '#/{h}/{v}'")
+            page.wait_for_function(f"() => {PRESENT} === {LEAVES}[{k}]", timeout=30_000)
+            page.wait_for_timeout(1000)  # the slide transition
+            below = page.evaluate(f"""() => {{ const s = {PRESENT};
+                const f = [...s.querySelectorAll('.fragment')].pop();
+                return getComputedStyle(s).overflowY === 'scroll'
+                       && f.getBoundingClientRect().top > s.getBoundingClientRect().bottom; }}""")
+            if below:
+                found = (h, v)
+                break
+        assert found, "no slide of lesson 03's deck has a fragment below its fold"
+        count = page.evaluate(f"{PRESENT}.querySelectorAll('.fragment').length")
+        for _ in range(count):
+            page.keyboard.press("Space")  # reveal.js: the next fragment
+            page.wait_for_timeout(200)
+        page.wait_for_timeout(500)
+        top, bottom, box_top, box_bottom = page.evaluate(f"""() => {{ const s = {PRESENT};
+            const f = [...s.querySelectorAll('.fragment')].pop().getBoundingClientRect();
+            const b = s.getBoundingClientRect(); return [f.top, f.bottom, b.top, b.bottom]; }}""")
+        assert top < box_bottom and (bottom <= box_bottom + 1 or top <= box_top + 1), \
+            (found, top, bottom, box_top, box_bottom)
+        page.screenshot(path=str(artifacts / "deck_03_fragment.png"))
     finally:
         page.close()
