@@ -19,7 +19,7 @@ class Table:
     def _cell(self, v) -> str:
         if isinstance(v, float):
             if math.isnan(v):
-                return "nan"
+                return "–"  # no value here: not measured, or nothing to divide by
             text = format(v, self.floatfmt)
             return _plain(v, self.floatfmt) if "e" in text and math.isfinite(v) else text
         return str(v)

@@ -75,7 +75,7 @@ def test_fresh_engine_shares_the_model_not_the_state(llm):
 def test_table_as_text_and_html():
     t = setup.Table([{"a": 1.23456, "b": "x"}, {"a": math.nan}], "title", ".2f")
     text = repr(t)
-    assert "title" in text and "1.23" in text and "nan" in text
+    assert "title" in text and "1.23" in text and "–" in text and "nan" not in text
     assert "<table>" in t._repr_html_() and "<caption>title</caption>" in t._repr_html_()
     assert setup.slo_text({"ttft": 0.12, "tpot": 0.026}) == "ttft<=120ms,tpot<=26ms"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -175,7 +176,8 @@ class ChatReply:
         return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else float("nan")
 
     def row(self) -> dict:
-        return {"question": self.question[:40], "prompt tokens": self.prompt_tokens,
+        return {"question": textwrap.shorten(self.question, 40, placeholder=" …"),
+                "prompt tokens": self.prompt_tokens,
                 "answer tokens": self.completion_tokens, "finish": self.finish_reason,
                 "TTFT (ms)": 1e3 * self.ttft, "ITL mean (ms)": 1e3 * self.itl}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,9 +33,11 @@ def shared_prompt_demo(llm: LLM, shared: str, own: Sequence[str], max_tokens: in
             prompt = [10 + (ord(c) % 200) for c in prompt]
         o = llm.generate([prompt], params)[0]
         off = generate(uncached, [list(o.prompt_token_ids)], params)[0]
-        rows.append({"own text": text.strip()[:40], "prompt tokens": len(o.prompt_token_ids),
-                     "from cache": o.num_cached_tokens, "TTFT (ms)": to_ms(ttft(o)),
-                     "continuation": (o.text or "(no tokenizer: ids)").strip().replace("\n", " / ")[:60],
+        continuation = (o.text or "(no tokenizer: ids)").replace("\n", " / ")
+        rows.append({"own text": textwrap.shorten(text, 40, placeholder=" …"),
+                     "prompt tokens": len(o.prompt_token_ids), "from cache": o.num_cached_tokens,
+                     "TTFT (ms)": to_ms(ttft(o)),
+                     "continuation": textwrap.shorten(continuation, 60, placeholder=" …"),
                      "same tokens, cache off": "yes" if list(off.token_ids) == list(o.token_ids) else "NO"})
     return Table(rows, "One shared opening, then each request's own text, one request at a time; "
                        "again with prefix caching off", ".1f")
