@@ -13,7 +13,8 @@ file (bf16). So every system runs the Q4_1 values, stored at 4, 8, 16 or 32 bits
   tokens and for 1 (ITL = (t_N - t_1) / (N - 1)) and prefill tok/s (P / time to the first token),
   peers.py's jobs and figures, the same token-id prompts for every system. llama.cpp runs through
   llama-cpp-python (`Llama.generate`, greedy); nanoserve through `LLM` in fp32 and bf16, and with
-  `quantization="int8"` when this nanoserve's LLM takes that argument (else skipped, saying so).
+  `quantization="int8"` when this nanoserve's LLM takes that argument (else skipped, saying so),
+  the lm_head in bf16 and, with `quantization_lm_head`, as int8 codes too (as Q8_0 holds it).
   Beside each: the decode step's floor, the bytes it must read over the weight-read bandwidth
   measured at the start (llama.cpp: the file's tensor bytes; nanoserve: roofline.decode_step_floor).
 - serve (over HTTP, `nanoserve loadgen`'s client): `--concurrency` streams at a time, the same text
@@ -114,10 +115,12 @@ def by_tag(jobs: list[dict], results: list) -> dict[str, list]:
     return out
 
 
-def nanoserve_run(folder: str, dtype: str, quantization: str | None, jobs: list[dict]) -> list | str:
+def nanoserve_run(folder: str, dtype: str, quantization: str | None, lm_head: bool,
+                  jobs: list[dict]) -> list | str:
     """nanoserve's results, or why this configuration was skipped (an LLM without the argument)."""
     try:
-        system = NanoServe(folder, dtype, "main", 1.0, quantization=quantization)
+        system = NanoServe(folder, dtype, "main", 1.0, quantization=quantization,
+                           quantization_lm_head=lm_head)
     except TypeError as e:
         if "quantization" not in str(e):
             raise
@@ -138,11 +141,13 @@ def part_b1(args, sz, folder, cfg, ggufs, ceilings, report) -> None:
         rows[f"llama.cpp {kind}"] = dict(compute_figures(raw, sz, floor), floor_ms=1e3 * floor)
         report["llama_cpp_system_info"] = system.system_info
         print(f"llama.cpp {kind}: {rows[f'llama.cpp {kind}']}", flush=True)
-    configs = [(d, None) for d in args.dtypes.split(",")] + ([] if args.no_int8 else [("bfloat16", "int8")])
-    for dtype, quant in configs:
-        label = f"nanoserve {quant or dtype}"
+    # int8 twice: the lm_head in bf16 (the default) and as codes too, as the Q8_0 file holds it
+    configs = [(d, None, False) for d in args.dtypes.split(",")] + (
+        [] if args.no_int8 else [("bfloat16", "int8", False), ("bfloat16", "int8", True)])
+    for dtype, quant, lm_head in configs:
+        label = f"nanoserve {quant or dtype}" + (", lm_head int8" if lm_head else "")
         report["load"][label] = other_cpu_load()
-        results = nanoserve_run(folder, dtype, quant, jobs)
+        results = nanoserve_run(folder, dtype, quant, lm_head, jobs)
         if isinstance(results, str):
             report["skipped"][label] = results
             print(f"{label} skipped: {results}", file=sys.stderr)
@@ -273,7 +278,8 @@ def markdown(report: dict) -> str:
             lines.append(f"| {label} | {_f(r.get('b1_decode'))} | {_f(r['floor_ms'], '.2f')} | "
                          f"{_f(r.get('b1_floor_pct'), '.0f')} | "
                          + " | ".join(_f(r.get(f"prefill_{p}")) for p in pre) + " |")
-        pairs = [("nanoserve int8", "llama.cpp Q8_0"), ("nanoserve bfloat16", "llama.cpp F16"),
+        pairs = [("nanoserve int8", "llama.cpp Q8_0"), ("nanoserve int8, lm_head int8", "llama.cpp Q8_0"),
+                 ("nanoserve bfloat16", "llama.cpp F16"),
                  ("nanoserve bfloat16", "llama.cpp BF16"), ("nanoserve float32", "llama.cpp F16")]
         lines += ["", "Batch-1 decode, nanoserve / llama.cpp:"] + ratio_lines(rows, "b1_decode", pairs)
         lines += [f"Prefill {pre[-1]} tokens, nanoserve / llama.cpp:"]

@@ -56,11 +56,13 @@ class NanoServe:
     variants = {v: v for v in ("main", "no_prefix_cache", "chunk512", "whole_prompt")}  # job's: ours
 
     def __init__(self, folder: str, dtype: str, variant: str, kv_gib: float,
-                 quantization: str | None = None):
+                 quantization: str | None = None, quantization_lm_head: bool = False):
         # quantization only when asked: an LLM without that argument then raises TypeError
         extra = {"quantization": quantization} if quantization else {}
-        self.llm = LLM(folder, device="cpu", dtype=dtype, config=nanoserve_config(variant, kv_gib),
-                       **extra)
+        config = nanoserve_config(variant, kv_gib)
+        if quantization_lm_head:  # an EngineConfig field, not an LLM argument
+            config = replace(config, quantization_lm_head=True)
+        self.llm = LLM(folder, device="cpu", dtype=dtype, config=config, **extra)
         self.llm.generate([[11, 12, 13, 14]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
 
     def run(self, jobs: list[dict]) -> list:

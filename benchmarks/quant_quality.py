@@ -46,12 +46,13 @@ CHATS = ["What is the capital of France?", "Name three colours of the rainbow.",
 class Variant:
     """Activations (and unquantized weights) in `dtype`; the linears' codes `method` with a scale
     per output channel (group None) or per `group` input values; `kernels` a NANOSERVE_KERNELS
-    backend other than the default."""
+    backend other than the default; `lm_head`: the lm_head as codes too."""
 
     dtype: str
     method: str | None = None
     group: int | None = None
     kernels: str | None = None
+    lm_head: bool = False
 
     @property
     def name(self) -> str:
@@ -61,7 +62,7 @@ class Variant:
         if self.method is None:
             return act
         scales = "per channel" if self.group is None else f"groups of {self.group}"
-        return f"{self.method}, {scales} ({act} act.)"
+        return f"{self.method}, {scales}{', lm_head too' if self.lm_head else ''} ({act} act.)"
 
 
 BF16, FP32 = Variant("bfloat16"), Variant("float32")
@@ -71,9 +72,12 @@ def pairs(groups: list[int]) -> list[tuple[Variant, Variant]]:
     """(variant, its baseline): against bf16, the goals' measure, with two yardsticks: the same bf16
     weights on the reference kernels (bf16's own rounding, placed otherwise: the agreement any
     change of the arithmetic gets) and fp32 (no rounding at all); against fp32, the codes' own error
-    alone, per channel and at the smallest group."""
+    alone, per channel and at the smallest group. The lm_head as codes too: per channel and at
+    the smallest group, against bf16."""
     out = [(Variant("bfloat16", kernels="reference"), BF16)]
     out += [(Variant("bfloat16", m, g), BF16) for m in METHODS for g in [None, *groups]]
+    out += [(Variant("bfloat16", m, g, lm_head=True), BF16) for m in METHODS
+            for g in dict.fromkeys([None, min(groups, default=None)])]
     out.append((FP32, BF16))
     fp32_groups = [None, min(groups)] if groups else [None]
     return out + [(Variant("float32", m, g), FP32) for m in METHODS for g in fp32_groups]
@@ -132,7 +136,8 @@ def heldout(tokenizer) -> list[int]:
 
 def load(model: str, variant: Variant, window: int) -> LLM:
     config = EngineConfig(num_kv_blocks=window // 16 + 2, max_num_batched_tokens=max(512, window),
-                          quantization=variant.method, quantization_group_size=variant.group)
+                          quantization=variant.method, quantization_group_size=variant.group,
+                          quantization_lm_head=variant.lm_head)
     with mock.patch.dict(os.environ, {"NANOSERVE_KERNELS": variant.kernels} if variant.kernels else {}):
         return LLM(model, device="cpu", dtype=variant.dtype, config=config)
 
@@ -196,7 +201,7 @@ def perplexity_table(ppl_tokens: int) -> None:
     print(f"\nDemo model, perplexity on heldout.txt ({ppl_tokens} tokens in {window}-token windows)")
     print("| weights | activations | perplexity | change vs its dtype unquantized |\n|---|---|---|---|")
     result = {}
-    for v in (FP32, BF16, *(Variant("bfloat16", m) for m in METHODS)):
+    for v in (FP32, BF16, *(Variant("bfloat16", m, lm_head=h) for m in METHODS for h in (False, True))):
         llm = load(DEMO_MODEL_DIR, v, window)
         tokens = heldout(llm.tokenizer)[:ppl_tokens + 1]
         total, n = 0.0, 0
@@ -206,7 +211,8 @@ def perplexity_table(ppl_tokens: int) -> None:
             n += len(span) - 1
         result[v] = math.exp(total / n)
         base = BF16 if v.method else v
-        print(f"| {v.method or v.name} | {BF16.name if v.method else v.name} | {result[v]:.4f} | "
+        label = (v.method or v.name) + (", lm_head too" if v.lm_head else "")
+        print(f"| {label} | {BF16.name if v.method else v.name} | {result[v]:.4f} | "
               f"{result[v] / result[base] - 1:+.2%} |", flush=True)
 
 

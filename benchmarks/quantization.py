@@ -10,7 +10,8 @@ weight bytes read and as a share of the weight-read bandwidth (nanoserve.measure
 GEMV ceiling) measured in the same round; then, per model, batch-1 decode of every variant (int8
 and fp8: weight-only codes, bf16 activations and KV cache) in interleaved rounds: each round's
 median inter-token latency, the bytes one step reads (nanoserve.measure.step_cost, the 8-bit
-linears at 1 byte a weight plus their scales) and the floor those bytes take at the measured
+linears, and the lm_head where it is quantized too, at 1 byte a weight plus their scales) and the
+floor those bytes take at the measured
 bandwidth. Prints tables and the ratios int8/bf16 and fp8/bf16 of tokens/s (median of rounds).
 """
 
@@ -29,15 +30,17 @@ from nanoserve.kernels import cpu_gemm, cpu_quant_gemm
 from nanoserve.kernels.cpu_huge_pages import to_huge_pages
 from nanoserve.kernels.quantization import quantize_weight
 from nanoserve.measure.ceilings import _weight_read_bandwidth
-from nanoserve.measure.roofline import decode_batch, quantized_weight_bytes, step_cost
+from nanoserve.measure.roofline import decode_batch, lm_head_weight_bytes, quantized_weight_bytes, step_cost
 from nanoserve.model import preset_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_linear import layer_shapes  # noqa: E402
 
-# name -> (dtype, quantization, quantization_group_size)
-VARIANTS = {"fp32": ("float32", None, None), "bf16": ("bfloat16", None, None),
-            "int8": ("bfloat16", "int8", None), "fp8": ("bfloat16", "fp8", None)}
+# name -> (dtype, quantization, quantization_group_size, quantization_lm_head)
+VARIANTS = {"fp32": ("float32", None, None, False), "bf16": ("bfloat16", None, None, False),
+            "int8": ("bfloat16", "int8", None, False), "fp8": ("bfloat16", "fp8", None, False),
+            "int8, lm_head int8": ("bfloat16", "int8", None, True),
+            "fp8, lm_head fp8": ("bfloat16", "fp8", None, True)}
 
 
 def machine() -> str:
@@ -139,7 +142,8 @@ def step_bytes(llm, context: int) -> float:
     """Bytes one batch-1 decode step reads: step_cost with the linears' weights at their real size."""
     act = torch.finfo(llm.engine.dtype).bits // 8
     return step_cost(llm.engine.model_config, decode_batch(1, context), act,
-                     weight_dtype_bytes=quantized_weight_bytes(llm.engine.model)).total_bytes
+                     weight_dtype_bytes=quantized_weight_bytes(llm.engine.model),
+                     lm_head_dtype_bytes=lm_head_weight_bytes(llm.engine.model)).total_bytes
 
 
 def decode_itl(llm, prompt: list[int], tokens: int) -> float:
@@ -152,10 +156,11 @@ def decode_table(model: str, tokens: int, rounds: int, bandwidth: float,
                  groups: list[int]) -> dict[str, float]:
     """Batch-1 decode of VARIANTS and int8 with a scale per group of each of `groups` inputs."""
     prompt = list(range(100, 132))
-    variants = {**VARIANTS, **{f"int8, groups of {g}": ("bfloat16", "int8", g) for g in groups}}
+    variants = {**VARIANTS, **{f"int8, groups of {g}": ("bfloat16", "int8", g, False) for g in groups}}
     llms = {name: LLM(model, device="cpu", dtype=dtype, config=EngineConfig(
-                num_kv_blocks=64, max_num_seqs=4, quantization=q, quantization_group_size=g))
-            for name, (dtype, q, g) in variants.items()}
+                num_kv_blocks=64, max_num_seqs=4, quantization=q, quantization_group_size=g,
+                quantization_lm_head=head))
+            for name, (dtype, q, g, head) in variants.items()}
     for llm in llms.values():
         decode_itl(llm, prompt, 8)  # warm-up
     itl = {name: [] for name in llms}

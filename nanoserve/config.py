@@ -241,6 +241,9 @@ class EngineConfig:
     # values sharing a scale of those codes: None, one per output channel; else one per this many input
     # values (GPTQ's group_size), which must divide every linear's input size
     quantization_group_size: int | None = None
+    # with quantization: the lm_head as 8-bit codes too (as llama.cpp's Q8_0 files hold it); False keeps
+    # it in the model's dtype, vLLM's default (model/quantization.py says why)
+    quantization_lm_head: bool = False
 
     def __post_init__(self):
         def check(name, ok, allowed):
@@ -304,6 +307,9 @@ class EngineConfig:
                                                             self.quantization in QUANTIZATION_METHODS),
               f"None or one of {list(QUANTIZATION_METHODS)}")
         integer("quantization_group_size", 1, optional=True)
+        check("quantization_lm_head", isinstance(self.quantization_lm_head, bool) and
+              (not self.quantization_lm_head or self.quantization is not None),
+              "False, or True with a quantization method")
 
     @property
     def num_speculative_tokens(self) -> int:

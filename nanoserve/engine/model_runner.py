@@ -168,7 +168,7 @@ class ModelRunner(Executor):
         torch.manual_seed(seed)
         model = model if model is not None else default_model()
         net, mcfg, folder = load_model(model, device, dtype, seed, config.quantization,
-                                       config.quantization_group_size)
+                                       config.quantization_group_size, config.quantization_lm_head)
         tokenizer = load_tokenizer(folder) if folder is not None else None
         num_blocks = num_kv_blocks_for(config, mcfg, kv_cache_torch_dtype(config.kv_cache_dtype, dtype),
                                        device, config.max_model_len_for(mcfg))

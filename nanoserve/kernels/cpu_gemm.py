@@ -164,21 +164,23 @@ def pack_model(model) -> None:
     one keeps its `lm_head` parameter for state_dict). Dense copies are kept for the GEMV while the
     weights take at most an eighth of the machine's memory (room_for_dense), moved onto huge pages
     (cpu_huge_pages); a bf16 model on a CPU without bf16 kernels keeps its dense weights in any
-    case (compute_dtype). Nothing where oneDNN cannot run the weights' dtype."""
+    case (compute_dtype). Nothing where oneDNN cannot run the weights' dtype. A quantized lm_head
+    (model.lm_head_quant) computes the logits instead: the dense one is left as it is."""
     weight = model.lm_head_weight()
     if weight.device.type != "cpu" or compute_dtype(weight.dtype) is None:
         return
+    heads = [weight] if getattr(model, "lm_head_quant", None) is None else []
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-    dense = room_for_dense(sum(m.weight.nbytes for _, m in linears) + weight.nbytes)
+    dense = room_for_dense(sum(m.weight.nbytes for _, m in linears) + sum(w.nbytes for w in heads))
     if dense:  # the dense weights the GEMV streams, in step order, on huge pages
-        params = [m.weight for _, m in linears] + [weight]
+        params = [m.weight for _, m in linears] + heads
         for p, copy in zip(params, to_huge_pages([p.detach().contiguous() for p in params])):
             p.data = copy
     for name, m in linears:
         parent, attr = name.rsplit(".", 1)
         setattr(model.get_submodule(parent), attr, PackedLinear.from_linear(m, dense))
-    # a bound method, not a submodule: no state_dict entry, no hook of step_profile's
-    model.lm_head_linear = PackedLinear(weight, None, dense).forward
+    if heads:  # a bound method, not a submodule: no state_dict entry, no hook of step_profile's
+        model.lm_head_linear = PackedLinear(weight, None, dense).forward
 
 
 def _dense_weight(module: PackedLinear, state: dict, prefix: str, local_metadata) -> None:

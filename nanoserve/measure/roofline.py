@@ -93,7 +93,8 @@ def prefill_batch(prompt_len: int, num_prompts: int = 1) -> list[tuple[int, int]
 
 
 def step_cost(cfg: ModelConfig, batch: Iterable[tuple], dtype_bytes: int = 4,
-              kv_dtype_bytes: int | None = None, weight_dtype_bytes: float | None = None) -> StepCost:
+              kv_dtype_bytes: int | None = None, weight_dtype_bytes: float | None = None,
+              lm_head_dtype_bytes: float | None = None) -> StepCost:
     """Count the FLOPs and bytes of one step over `batch`.
 
     batch: one tuple per sequence, (query_len, context_len) or (query_len, context_len,
@@ -102,7 +103,8 @@ def step_cost(cfg: ModelConfig, batch: Iterable[tuple], dtype_bytes: int = 4,
     a whole prompt: (P, P); a chunk of a prompt: (chunk, done + chunk, is_last_chunk).
     dtype_bytes: bytes per weight and activation; kv_dtype_bytes: per KV entry (default: same);
     weight_dtype_bytes: per weight of the linear layers (default: same), e.g. 1 plus the scales'
-    share for 8-bit codes (model/quantization.py; the lm_head keeps dtype_bytes).
+    share for 8-bit codes (model/quantization.py); lm_head_dtype_bytes: per weight of the lm_head
+    (default: dtype_bytes; 8-bit codes with quantization_lm_head).
 
     - linear (q/k/v, o, gate/up, down of every layer): FLOPs 2 * tokens * in * out (+ tokens *
       out per bias); bytes = every weight once per step + inputs read and outputs written
@@ -119,6 +121,7 @@ def step_cost(cfg: ModelConfig, batch: Iterable[tuple], dtype_bytes: int = 4,
     """
     kvb = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
     wb = dtype_bytes if weight_dtype_bytes is None else weight_dtype_bytes
+    hb = dtype_bytes if lm_head_dtype_bytes is None else lm_head_dtype_bytes
     h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     q_dim, kv_dim = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
 
@@ -147,7 +150,7 @@ def step_cost(cfg: ModelConfig, batch: Iterable[tuple], dtype_bytes: int = 4,
         "attention": layers * (2 * ctx_total * kv_dim * kvb  # K and V of the context, read
                                + 2 * tokens * kv_dim * kvb  # this step's K and V, written
                                + 2 * tokens * q_dim * dtype_bytes),  # Q read, output written
-        "lm_head": (cfg.vocab_size * h * dtype_bytes if logits else 0)
+        "lm_head": (cfg.vocab_size * h * hb if logits else 0)
                    + logits * (h + cfg.vocab_size) * dtype_bytes,
     }
     return StepCost(flops=flops, bytes=nbytes, num_tokens=tokens, num_logits=logits)
@@ -156,13 +159,24 @@ def step_cost(cfg: ModelConfig, batch: Iterable[tuple], dtype_bytes: int = 4,
 # --- Floors, efficiencies, the plot ---
 
 def quantized_weight_bytes(model: torch.nn.Module) -> float | None:
-    """Bytes per weight of `model`'s quantized linears, codes and scales together (step_cost's
-    weight_dtype_bytes); None where no linear is quantized."""
-    quant = [m for m in model.modules() if hasattr(m, "qweight")]
-    if not quant:
+    """Bytes per weight of `model`'s quantized decoder linears, codes and scales together
+    (step_cost's weight_dtype_bytes); None where none is quantized."""
+    head = getattr(model, "lm_head_quant", None)
+    return _code_bytes([m for m in model.modules() if hasattr(m, "qweight") and m is not head])
+
+
+def lm_head_weight_bytes(model: torch.nn.Module) -> float | None:
+    """Bytes per weight of `model`'s quantized lm_head (step_cost's lm_head_dtype_bytes); None
+    where the lm_head keeps the model's dtype."""
+    head = getattr(model, "lm_head_quant", None)
+    return None if head is None else _code_bytes([head])
+
+
+def _code_bytes(layers) -> float | None:
+    if not layers:
         return None
-    stored = sum(m.qweight.nbytes + m.weight_scale.nbytes for m in quant)
-    return stored / sum(m.qweight.numel() for m in quant)
+    stored = sum(m.qweight.nbytes + m.weight_scale.nbytes for m in layers)
+    return stored / sum(m.qweight.numel() for m in layers)
 
 
 def ridge_point(ceilings: DeviceCeilings, dtype: str | torch.dtype) -> float:

@@ -114,7 +114,8 @@ def step_profile(llm: LLM | LLMEngine, batch_size: int = 1, context_len: int = 1
     try:
         while not prefill and any(engine.requests[i].is_prefilling for i in ids):
             engine.step()  # untimed: bring every sequence to decoding
-        hooks = [h for m in model.modules() if isinstance(m, LINEARS)
+        head = getattr(model, "lm_head_quant", None)  # timed with compute_logits, below
+        hooks = [h for m in model.modules() if isinstance(m, LINEARS) and m is not head
                  for h in (m.register_forward_pre_hook(start), m.register_forward_hook(stop))]
         hooks += [model.register_forward_pre_hook(forward_start), model.register_forward_hook(forward_stop)]
         model.set_ops(kernel_ops(old_ops, **{k: timed(getattr(old_ops, k), part)

@@ -121,7 +121,8 @@ class LlamaForCausalLM(nn.Module):
     """Llama/Qwen2/Qwen3 causal LM. forward() -> hidden states; compute_logits() -> logits.
 
     quant_config: the decoder layers' linears hold 8-bit codes (model/quantization.py); the
-    embedding and lm_head stay in the model's dtype."""
+    embedding stays in the model's dtype, and so does the lm_head unless quant_config.lm_head
+    (then `lm_head_quant`, a quantized linear, computes the logits)."""
 
     def __init__(self, cfg: ModelConfig, device="cpu", quant_config: QuantizationConfig | None = None):
         super().__init__()
@@ -133,6 +134,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.register_module("lm_head_quant", None)  # set after loading (quantize_after_loading)
         pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(pos, rope_inv_freq(cfg))  # (max_pos, head_dim/2)
         self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), -1),
@@ -168,6 +170,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (N, hidden) -> (N, vocab) in fp32."""
+        if self.lm_head_quant is not None:
+            return self.lm_head_quant(hidden).float()
         if self.lm_head_linear is not None:
             return self.lm_head_linear(hidden).float()
         return F.linear(hidden, self.lm_head_weight()).float()

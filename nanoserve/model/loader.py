@@ -151,16 +151,20 @@ def load_quantized_weights(model: LlamaForCausalLM, tensors: dict[str, tuple[tor
 
 
 def load_model(model: str | ModelConfig, device="cpu", dtype="float32", seed: int = 0,
-               quantization: str | None = None, quantization_group_size: int | None = None):
+               quantization: str | None = None, quantization_group_size: int | None = None,
+               quantization_lm_head: bool = False):
     """-> (LlamaForCausalLM in eval mode on device, ModelConfig, checkpoint folder or None).
 
     model: a checkpoint folder, a hub id, "preset:NAME", or a ModelConfig (random weights of
     that shape, like a preset). quantization: None, "int8" or "fp8" (model/quantization.py), with
     a scale per output channel, or per quantization_group_size input values (a GGUF's Q8_0
-    tensors keep their groups of 32)."""
+    tensors keep their groups of 32); quantization_lm_head: the lm_head gets codes too."""
     torch_dtype = resolve_dtype(dtype)
     method = check_quantization(quantization)
-    quant_config = None if method is None else QuantizationConfig(method, quantization_group_size)
+    if quantization_lm_head and method is None:
+        raise ValueError("quantization_lm_head=True needs a quantization method (int8 or fp8)")
+    quant_config = (None if method is None else
+                    QuantizationConfig(method, quantization_group_size, quantization_lm_head))
     start = time.perf_counter()
     if isinstance(model, ModelConfig):
         cfg, folder = model, None

@@ -14,9 +14,13 @@ codes once the checkpoint is loaded (`process_weights_after_loading`) and comput
 fast path afterwards (kernels.process_weights_after_loading).
 
 What stays unquantized, and why: the embedding, because a lookup reads one row per token, not the
-table, so codes would save no bytes per step; the lm_head (the same tensor when embeddings are tied),
-because its rounding error lands directly on the logits the sampler ranks, as vLLM's methods also
-keep it by default; the norms and biases, a few vectors.
+table, so codes would save no bytes per step; by default the lm_head (the same tensor when embeddings
+are tied), because its rounding error lands directly on the logits the sampler ranks, as vLLM's
+methods also keep it by default; the norms and biases, a few vectors. `lm_head=True`
+(`EngineConfig.quantization_lm_head`, GPTQ's `lm_head` option in vLLM) quantizes the lm_head as well,
+as llama.cpp's Q8_0 files do: in a small model with a large vocabulary it is a fifth of the bytes a
+decode step reads. Its codes are an extra copy beside the dense weight (`lm_head_quant`), which the
+embedding lookup (or an untied model's state_dict) still needs.
 
 A GGUF checkpoint's Q8_0 tensors are already int8 codes with a scale per 32 values: with
 quantization="int8" they are loaded as they are (`load_quantized`), never widened to floats.
@@ -44,15 +48,19 @@ def check_quantization(value) -> str | None:
 @dataclass(frozen=True)
 class QuantizationConfig:
     """Which codes the linears get: method "int8" or "fp8"; group_size None is a scale per output
-    channel, else a scale per that many input values (it must divide every linear's input size)."""
+    channel, else a scale per that many input values (it must divide every linear's input size);
+    lm_head: the lm_head gets codes too."""
 
     method: str
     group_size: int | None = None
+    lm_head: bool = False
 
     def __post_init__(self):
         check_quantization(self.method)
         if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size < 1):
             raise ValueError(f"group_size={self.group_size!r} must be None or an integer >= 1")
+        if not isinstance(self.lm_head, bool):
+            raise ValueError(f"lm_head={self.lm_head!r} must be True or False")
 
     def get_name(self) -> str:
         return self.method
@@ -142,8 +150,17 @@ def make_linear(in_features: int, out_features: int, bias: bool,
 
 def quantize_after_loading(model: nn.Module) -> None:
     """Every QuantizedLinear's loaded weight -> codes (vLLM's loader calls each quant_method's
-    process_weights_after_loading the same way, right after loading)."""
+    process_weights_after_loading the same way, right after loading); with the config's lm_head,
+    the model's `lm_head_quant` made from its lm_head weight."""
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, QuantizedLinear):
                 m.quant_method.process_weights_after_loading(m)
+        config = getattr(model, "quant_config", None)
+        if config is not None and config.lm_head:
+            weight = model.lm_head_weight()
+            with torch.device("meta"):  # create_weights' dense placeholder: replaced just below
+                head = QuantizedLinear(weight.shape[1], weight.shape[0], False, config, "lm_head")
+            head.weight = nn.Parameter(weight.detach(), requires_grad=False)
+            head.quant_method.process_weights_after_loading(head)
+            model.lm_head_quant = head

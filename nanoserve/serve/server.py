@@ -10,9 +10,10 @@ Flags keep vLLM's names (vllm/engine/arg_utils.py, entrypoints/openai/cli_args.p
 (int8 or fp8 weight-only codes), --kv-cache-dtype (auto | fp8 | fp8_e4m3: an e4m3 KV cache holds
 twice the tokens of bf16).
 nanoserve's own: --device, --num-kv-blocks, --quantization-group-size (a scale per that many
-input values instead of per channel), --cpu-omp-threads-bind (vLLM's environment variable
-VLLM_CPU_OMP_THREADS_BIND as a flag: the CPUs this instance runs on, one torch thread each), and
---disaggregated: a prefill instance, a decode instance and the router in front (serve/disagg.py).
+input values instead of per channel), --quantization-lm-head (the lm_head as codes too),
+--cpu-omp-threads-bind (vLLM's environment variable VLLM_CPU_OMP_THREADS_BIND as a flag: the CPUs
+this instance runs on, one torch thread each), and --disaggregated: a prefill instance, a decode
+instance and the router in front (serve/disagg.py).
 
 The engine thread starts, loads the model and warms it up (one short request, so the first
 client does not pay for first-touch allocation), then uvicorn serves. SIGTERM or Ctrl-C: uvicorn
@@ -62,6 +63,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--quantization-group-size", type=int, default=None,
                     help="a scale per this many input values instead of per channel (e.g. 32, GGUF "
                     "Q8_0's blocks; it must divide every linear's input size)")
+    ap.add_argument("--quantization-lm-head", action="store_true",
+                    help="with --quantization: the lm_head as 8-bit codes too (as a GGUF Q8_0 file holds it)")
     ap.add_argument("--seed", type=int, default=0, help="the sampler's seed of requests without one")
     ap.add_argument("--served-model-name", default=None,
                     help=f"the name clients send as `model` (default: MODEL as given, or {DEMO_MODEL_NAME} "
@@ -113,7 +116,8 @@ def build(args):
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
         speculative_config=args.speculative_config, quantization=args.quantization,
-        quantization_group_size=args.quantization_group_size, kv_cache_dtype=args.kv_cache_dtype,
+        quantization_group_size=args.quantization_group_size,
+        quantization_lm_head=args.quantization_lm_head, kv_cache_dtype=args.kv_cache_dtype,
         record_trace=False)  # a server runs for days: no per-step trace
     dtype = None if args.dtype == "auto" else args.dtype
 

@@ -55,7 +55,7 @@ def test_copies_are_named_after_their_type_and_the_source_keeps_its_own(bench):
 
 def test_int8_is_skipped_with_the_reason_when_the_llm_refuses_the_argument(bench, monkeypatch):
     class Refusing:
-        def __init__(self, *args, quantization=None):
+        def __init__(self, *args, quantization=None, quantization_lm_head=False):
             if quantization:
                 raise TypeError("LLM.__init__() got an unexpected keyword argument 'quantization'")
 
@@ -63,17 +63,17 @@ def test_int8_is_skipped_with_the_reason_when_the_llm_refuses_the_argument(bench
             return [1.0 for _ in jobs]
 
     monkeypatch.setattr(bench, "NanoServe", Refusing)
-    why = bench.nanoserve_run("folder", "bfloat16", "int8", [{}])
+    why = bench.nanoserve_run("folder", "bfloat16", "int8", False, [{}])
     assert isinstance(why, str) and "no quantization argument" in why
-    assert bench.nanoserve_run("folder", "bfloat16", None, [{}, {}]) == [1.0, 1.0]
+    assert bench.nanoserve_run("folder", "bfloat16", None, False, [{}, {}]) == [1.0, 1.0]
 
     class Broken(Refusing):
-        def __init__(self, *args, quantization=None):
+        def __init__(self, *args, quantization=None, quantization_lm_head=False):
             raise TypeError("bad dtype")  # any other TypeError is a bug, not a skip
 
     monkeypatch.setattr(bench, "NanoServe", Broken)
     with pytest.raises(TypeError, match="bad dtype"):
-        bench.nanoserve_run("folder", "bfloat16", "int8", [{}])
+        bench.nanoserve_run("folder", "bfloat16", "int8", False, [{}])
 
 
 def fake_report() -> dict:

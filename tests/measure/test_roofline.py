@@ -64,6 +64,12 @@ def test_step_cost_matches_hand_calculation():
     w8 = rl.step_cost(SMALL, [(4, 4), (1, 10), (3, 7, False)], dtype_bytes=2, weight_dtype_bytes=1.25)
     assert w8.bytes["linear"] == 2 * (36864 * 1.25 + 8 * 832 * 2)
     assert w8.bytes["lm_head"] == low.bytes["lm_head"] and w8.flops == cost.flops
+    # and the lm_head as codes too: only its weight's term changes
+    head8 = rl.step_cost(SMALL, [(4, 4), (1, 10), (3, 7, False)], dtype_bytes=2, weight_dtype_bytes=1.25,
+                         lm_head_dtype_bytes=1.25)
+    vocab_hidden = SMALL.vocab_size * SMALL.hidden_size
+    assert head8.bytes["lm_head"] == low.bytes["lm_head"] - vocab_hidden * (2 - 1.25)
+    assert head8.bytes["linear"] == w8.bytes["linear"] and head8.flops == cost.flops
 
 
 @pytest.mark.parametrize("q,ctx", [(1, 1), (1, 9), (5, 5), (3, 11), (16, 40)])
@@ -175,3 +181,9 @@ def test_quantized_weight_bytes_counts_codes_and_scales():
     assert rl.quantized_weight_bytes(per_channel) == 1 + 4 / 64
     assert rl.quantized_weight_bytes(nn.Sequential(Codes(8, 64, 32), Codes(4, 32, None))) == \
         (8 * 64 + 8 * 2 * 4 + 4 * 32 + 4 * 4) / (8 * 64 + 4 * 32)
+    # a quantized lm_head (model.lm_head_quant) is counted apart: the decoder linears' average keeps
+    # without it
+    assert rl.lm_head_weight_bytes(per_channel) is None
+    per_channel.lm_head_quant = Codes(16, 64, 32)
+    assert rl.quantized_weight_bytes(per_channel) == 1 + 4 / 64
+    assert rl.lm_head_weight_bytes(per_channel) == 1 + 2 * 4 / 64

@@ -89,6 +89,29 @@ def test_an_8_bit_models_linears_count_as_linear(monkeypatch):
     assert p.parts_ms["other"] < 5 * n, p.parts_ms
 
 
+def test_a_quantized_lm_head_counts_as_linear_once(monkeypatch):
+    """compute_logits is timed as linear, so the lm_head's codes (a quantized linear called from
+    it) must not be timed again. On a clock that moves only while the lm_head runs (a second a
+    call, one call a step), "linear" is one second a step, not two, and nothing goes negative."""
+    from types import SimpleNamespace
+
+    from nanoserve.measure import step_profile as sp
+    llm = LLM("preset:tiny", device="cpu", dtype="bfloat16", config=EngineConfig(
+        max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=32, quantization="int8",
+        quantization_lm_head=True))
+    head = llm.engine.model.lm_head_quant
+    forward, now = head.forward, [0.0]
+
+    def one_second(x):
+        now[0] += 1.0
+        return forward(x)
+    monkeypatch.setattr(head, "forward", one_second)
+    monkeypatch.setattr(sp, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    p = step_profile(llm, 1, 8, steps=3)
+    assert p.parts_ms["linear"] == 1000.0 and p.step_ms == 1000.0, p.parts_ms
+    assert all(v == 0.0 for k, v in p.parts_ms.items() if k != "linear"), p.parts_ms
+
+
 def test_step_profiles_interleave_rounds_and_keep_each_batchs_median_round(llm, monkeypatch):
     from nanoserve.measure import step_profile as sp
     calls, times = [], iter([5.0, 9.0, 1.0, 2.0, 3.0, 30.0])  # rounds of (batch 1, batch 4)

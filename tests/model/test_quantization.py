@@ -29,6 +29,7 @@ from tests.model.test_model import engine_logits
 # against bf16 stay unmet whatever the scales: fp32 itself agrees with bf16 below them
 INT8_VS_BF16, FP8_VS_BF16, INT8_VS_FP32, FP8_VS_FP32 = 0.93, 0.87, 0.94, 0.89
 INT8_G32_VS_BF16, INT8_G32_VS_FP32 = 0.946, 0.954
+INT8_HEAD_VS_BF16, INT8_G32_HEAD_VS_BF16 = 0.925, 0.949  # the lm_head as codes too
 
 
 def error_bound(w: torch.Tensor, scale: torch.Tensor, method: str) -> torch.Tensor:
@@ -128,6 +129,47 @@ def test_unknown_quantization_is_refused_naming_it_and_the_allowed_values(bad):
         assert "'int8', 'fp8'" in str(info.value)
 
 
+@pytest.mark.parametrize("model,method", [("preset:tiny", "int8"), (DEMO_MODEL_DIR, "fp8")])
+def test_quantization_lm_head_gives_the_lm_head_codes_and_computes_the_logits_with_them(model, method):
+    """An untied preset and the tied demo model: the lm_head's codes are its weight as loaded (fp32,
+    before the cast to bf16) quantized per vocabulary row, the embedding and the dense lm_head stay
+    bf16 (the lookup needs them), and the logits are F.linear over the dequantized codes, not over
+    the dense weight."""
+    config = EngineConfig(num_kv_blocks=16, quantization=method, quantization_lm_head=True)
+    llm = LLM(model, dtype="bfloat16", config=config)
+    net = llm.engine.model
+    head = net.lm_head_quant
+    dense = net.lm_head_weight()
+    assert dense.dtype == torch.bfloat16 and net.embed_tokens.weight.dtype == torch.bfloat16
+    loaded = load_model(model, "cpu", "float32")[0].lm_head_weight().detach()
+    codes, scale = quantize_weight(loaded, method)
+    assert torch.equal(head.qweight.view(torch.uint8), codes.view(torch.uint8))
+    assert torch.equal(head.weight_scale, scale)
+    assert net.lm_head_linear is None  # no packed dense lm_head beside the codes
+    hidden = torch.randn(3, dense.shape[1]).to(torch.bfloat16)
+    want = F.linear(hidden.float(), dequantize_weight(codes, scale))
+    got = net.compute_logits(hidden)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=0.05 * want.abs().max().item(), rtol=0.02)
+    unquantized = F.linear(hidden.float(), dense.float())
+    assert not torch.allclose(got, unquantized, atol=1e-4, rtol=0)  # the codes computed them
+    same = LLM(model, dtype="bfloat16", config=dataclasses.replace(config, quantization_lm_head=False))
+    assert same.engine.model.lm_head_quant is None
+    params = SamplingParams(max_tokens=4, temperature=0)
+    assert len(llm.generate([[1, 2, 3]], params)[0].token_ids) == 4
+
+
+def test_quantization_lm_head_is_refused_without_a_method_or_as_a_non_boolean():
+    with pytest.raises(ValueError, match="quantization_lm_head=True"):
+        EngineConfig(quantization_lm_head=True)
+    with pytest.raises(ValueError, match="quantization_lm_head='yes'"):
+        EngineConfig(quantization="int8", quantization_lm_head="yes")
+    with pytest.raises(ValueError, match="needs a quantization method"):
+        load_model("preset:tiny", quantization_lm_head=True)
+    with pytest.raises(ValueError, match="lm_head=1"):
+        QuantizationConfig("int8", lm_head=1)
+
+
 def test_serve_takes_quantization():
     import argparse
 
@@ -138,6 +180,8 @@ def test_serve_takes_quantization():
     grouped = ap.parse_args(["--quantization", "int8", "--quantization-group-size", "32"])
     assert grouped.quantization_group_size == 32
     assert ap.parse_args([]).quantization_group_size is None
+    assert ap.parse_args(["--quantization", "int8", "--quantization-lm-head"]).quantization_lm_head is True
+    assert ap.parse_args([]).quantization_lm_head is False
     with pytest.raises(SystemExit):
         ap.parse_args(["--quantization", "int4"])
 
@@ -194,22 +238,25 @@ def test_argmax_agrees_with_bf16_on_the_demo_model(method, target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method,dtype,group,target", [
-    ("int8", "bfloat16", None, INT8_VS_BF16), ("fp8", "bfloat16", None, FP8_VS_BF16),
-    ("int8", "float32", None, INT8_VS_FP32), ("fp8", "float32", None, FP8_VS_FP32),
-    ("int8", "bfloat16", 32, INT8_G32_VS_BF16), ("int8", "float32", 32, INT8_G32_VS_FP32)])
-def test_argmax_agreement_on_the_real_model(method, dtype, group, target):
+@pytest.mark.parametrize("method,dtype,group,lm_head,target", [
+    ("int8", "bfloat16", None, False, INT8_VS_BF16), ("fp8", "bfloat16", None, False, FP8_VS_BF16),
+    ("int8", "float32", None, False, INT8_VS_FP32), ("fp8", "float32", None, False, FP8_VS_FP32),
+    ("int8", "bfloat16", 32, False, INT8_G32_VS_BF16), ("int8", "float32", 32, False, INT8_G32_VS_FP32),
+    ("int8", "bfloat16", None, True, INT8_HEAD_VS_BF16),
+    ("int8", "bfloat16", 32, True, INT8_G32_HEAD_VS_BF16)])
+def test_argmax_agreement_on_the_real_model(method, dtype, group, lm_head, target):
     """SmolLM2-135M, 384 teacher-forced positions of the held-out plays, quantized (a scale per
-    channel, or per 32 inputs) against the same dtype unquantized (benchmarks/quant_quality.py
-    --windows 3 reads the same spans)."""
+    channel, or per 32 inputs; the lm_head too or not) against the same dtype unquantized
+    (benchmarks/quant_quality.py --windows 3 reads the same spans)."""
     config = EngineConfig(num_kv_blocks=30, max_num_batched_tokens=512)
     base = LLM("smollm2-135m", dtype=dtype, config=config)
-    quant = LLM("smollm2-135m", dtype=dtype, quantization=method,
-                config=dataclasses.replace(config, quantization_group_size=group))
+    quant = LLM("smollm2-135m", dtype=dtype, config=dataclasses.replace(
+        config, quantization=method, quantization_group_size=group, quantization_lm_head=lm_head))
     tokens = heldout_tokens(base, 10**6)  # all of it, as the benchmark reads it
     step = (len(tokens) - 128) // 3
     spans = [tokens[i * step:i * step + 128] for i in range(3)]
     want = torch.cat([engine_logits(base.engine, s, len(s)) for s in spans]).argmax(-1)
     got = torch.cat([engine_logits(quant.engine, s, len(s)) for s in spans]).argmax(-1)
     agreement = (got == want).float().mean().item()
-    assert agreement >= target, f"{method}, group {group} ({dtype}): agreement {agreement:.3f} < {target}"
+    assert agreement >= target, \
+        f"{method}, group {group}, lm_head {lm_head} ({dtype}): agreement {agreement:.3f} < {target}"

@@ -34,17 +34,14 @@ def load(model: str, weight_format: str, kv_cache_dtype: str = "auto", **config)
 
 
 def decode_floor(llm, batch: int, context: int, ceilings) -> tuple[float, float]:
-    """(bytes, seconds) a decode step of `llm` must read at least: its linears' weights as they are
-    stored (8-bit codes and their scales, or the model dtype), the lm_head, activations and KV in
-    the model dtype (modelled: measure.roofline.step_cost over this device's bandwidth)."""
+    """(bytes, seconds) a decode step of `llm` must read at least: its linears' weights and lm_head
+    as they are stored (8-bit codes and their scales, or the model dtype), activations in the model
+    dtype, KV in the cache's (modelled: measure.roofline.step_cost over this device's bandwidth)."""
     engine = engine_of(llm)
-    quantized = [m for m in engine.model.modules() if hasattr(m, "qweight")]
-    width = None
-    if quantized:  # bytes per weight, the scales' share included
-        width = (sum(m.qweight.nbytes + m.weight_scale.nbytes for m in quantized)
-                 / sum(m.qweight.numel() for m in quantized))
     cost = roofline.step_cost(engine.model_config, roofline.decode_batch(batch, context),
-                              engine.dtype.itemsize, engine.kv_cache_dtype.itemsize, width)
+                              engine.dtype.itemsize, engine.kv_cache_dtype.itemsize,
+                              roofline.quantized_weight_bytes(engine.model),
+                              roofline.lm_head_weight_bytes(engine.model))
     return cost.total_bytes, cost.total_bytes / ceilings.bandwidth
 
 
