@@ -16,7 +16,8 @@ file (bf16). So every system runs the Q4_1 values, stored at 4, 8, 16 or 32 bits
   `quantization="int8"` when this nanoserve's LLM takes that argument (else skipped, saying so),
   the lm_head in bf16 and, with `quantization_lm_head`, as int8 codes too (as Q8_0 holds it).
   Beside each: the decode step's floor, the bytes it must read over the weight-read bandwidth
-  measured at the start (llama.cpp: the file's tensor bytes; nanoserve: roofline.decode_step_floor).
+  measured at the start (llama.cpp: the file's tensor bytes; nanoserve: roofline.step_cost, 8-bit
+  codes and their scales at their stored size).
 - serve (over HTTP, `nanoserve loadgen`'s client): `--concurrency` streams at a time, the same text
   prompts (random token ids decoded by the model's tokenizer) and output lengths (greedy, EOS
   ignored: `ignore_eos`, and `min_tokens` for llama-cpp-python's server) to `nanoserve serve`,
@@ -115,17 +116,25 @@ def by_tag(jobs: list[dict], results: list) -> dict[str, list]:
     return out
 
 
-def nanoserve_run(folder: str, dtype: str, quantization: str | None, lm_head: bool,
-                  jobs: list[dict]) -> list | str:
-    """nanoserve's results, or why this configuration was skipped (an LLM without the argument)."""
+def nanoserve_system(folder: str, dtype: str, quantization: str | None,
+                     lm_head: bool) -> NanoServe | str:
+    """nanoserve in this configuration, or why it was skipped (an LLM without the argument)."""
     try:
-        system = NanoServe(folder, dtype, "main", 1.0, quantization=quantization,
-                           quantization_lm_head=lm_head)
+        return NanoServe(folder, dtype, "main", 1.0, quantization=quantization,
+                         quantization_lm_head=lm_head)
     except TypeError as e:
         if "quantization" not in str(e):
             raise
         return f"this nanoserve's LLM has no quantization argument ({e})"
-    return system.run(jobs)
+
+
+def decode_floor(model, cfg: ModelConfig, context: int, ceilings, dtype: str) -> float:
+    """Seconds a batch-1 decode step's bytes take at the measured bandwidth, 8-bit codes at their
+    stored size (codes and scales) where the model holds them."""
+    cost = roofline.step_cost(cfg, roofline.decode_batch(1, context), roofline.dtype_bytes(dtype),
+                              weight_dtype_bytes=roofline.quantized_weight_bytes(model),
+                              lm_head_dtype_bytes=roofline.lm_head_weight_bytes(model))
+    return roofline.roofline_time(cost, ceilings, dtype)
 
 
 def part_b1(args, sz, folder, cfg, ggufs, ceilings, report) -> None:
@@ -147,13 +156,13 @@ def part_b1(args, sz, folder, cfg, ggufs, ceilings, report) -> None:
     for dtype, quant, lm_head in configs:
         label = f"nanoserve {quant or dtype}" + (", lm_head int8" if lm_head else "")
         report["load"][label] = other_cpu_load()
-        results = nanoserve_run(folder, dtype, quant, lm_head, jobs)
-        if isinstance(results, str):
-            report["skipped"][label] = results
-            print(f"{label} skipped: {results}", file=sys.stderr)
+        system = nanoserve_system(folder, dtype, quant, lm_head)
+        if isinstance(system, str):
+            report["skipped"][label] = system
+            print(f"{label} skipped: {system}", file=sys.stderr)
             continue
-        floor = roofline.decode_step_floor(cfg, 1, ctx, ceilings, dtype) if not quant else float("nan")
-        rows[label] = dict(compute_figures(by_tag(jobs, results), sz, floor), floor_ms=1e3 * floor)
+        floor = decode_floor(system.llm.engine.model, cfg, ctx, ceilings, dtype)
+        rows[label] = dict(compute_figures(by_tag(jobs, system.run(jobs)), sz, floor), floor_ms=1e3 * floor)
         print(f"{label}: {rows[label]}", flush=True)
 
 

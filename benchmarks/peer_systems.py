@@ -60,8 +60,8 @@ class NanoServe:
         # quantization only when asked: an LLM without that argument then raises TypeError
         extra = {"quantization": quantization} if quantization else {}
         config = nanoserve_config(variant, kv_gib)
-        if quantization_lm_head:  # an EngineConfig field, not an LLM argument
-            config = replace(config, quantization_lm_head=True)
+        if quantization_lm_head:  # an EngineConfig field, not an LLM argument; valid only
+            config = replace(config, quantization=quantization, quantization_lm_head=True)  # with a method
         self.llm = LLM(folder, device="cpu", dtype=dtype, config=config, **extra)
         self.llm.generate([[11, 12, 13, 14]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
 

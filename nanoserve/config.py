@@ -232,7 +232,7 @@ class EngineConfig:
     # CUDA: decode batch sizes to capture; None: vLLM's list up to max_num_seqs (cuda_graphs.py)
     cuda_graph_batch_sizes: list[int] | None = None
     enforce_eager: bool = False  # CUDA: skip CUDA-graph capture
-    compile: bool = False  # wrap the model in torch.compile
+    compile: bool = False  # torch.compile the model over the reference ops (inductor's kernels)
     # speculative decoding: a SpeculativeConfig or a dict of its fields; None drafts nothing
     speculative_config: SpeculativeConfig | None = None
     kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES: "auto" (the model's dtype) or "fp8"

@@ -36,6 +36,7 @@ from nanoserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from nanoserve.engine.shm_connector import make_kv_connector
 from nanoserve.engine.tokenizer import load_tokenizer
 from nanoserve.errors import InvalidRequest, as_int
+from nanoserve.kernels import reference
 
 
 def num_kv_blocks_for(ecfg: EngineConfig, mcfg: ModelConfig, dtype, device, max_model_len: int) -> int:
@@ -125,9 +126,12 @@ class ModelRunner(Executor):
                  num_blocks: int, seed: int = 0, tokenizer=None):
         self.model, self.model_config, self.ecfg = model, mcfg, ecfg
         self.tokenizer = tokenizer
-        if not ecfg.compile:  # inductor packs weights its own way
+        if ecfg.compile:
+            # inductor traces plain torch and generates its own fused kernels; the hand-written
+            # ops are opaque calls it cannot fuse (and the C++ ones have no fake-tensor rule)
+            model.set_ops(reference)
+        else:
             model.process_weights_after_loading()  # the kernel backend's weight layout
-        # optional torch.compile: fuses the elementwise ops around the matmuls
         self.forward = torch.compile(model, dynamic=True) if ecfg.compile else model
         self.device, self.dtype = torch.device(device), dtype
         self.kv_cache_dtype = kv_cache_torch_dtype(ecfg.kv_cache_dtype, dtype)  # what the cache stores

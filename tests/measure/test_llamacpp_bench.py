@@ -15,6 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
 from nanoserve import env
+from nanoserve.measure.ceilings import DeviceCeilings
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 LLAMACPP_PYTHON = env.get("NANOSERVE_LLAMACPP_PYTHON")
@@ -63,9 +64,9 @@ def test_int8_is_skipped_with_the_reason_when_the_llm_refuses_the_argument(bench
             return [1.0 for _ in jobs]
 
     monkeypatch.setattr(bench, "NanoServe", Refusing)
-    why = bench.nanoserve_run("folder", "bfloat16", "int8", False, [{}])
+    why = bench.nanoserve_system("folder", "bfloat16", "int8", False)
     assert isinstance(why, str) and "no quantization argument" in why
-    assert bench.nanoserve_run("folder", "bfloat16", None, False, [{}, {}]) == [1.0, 1.0]
+    assert bench.nanoserve_system("folder", "bfloat16", None, False).run([{}, {}]) == [1.0, 1.0]
 
     class Broken(Refusing):
         def __init__(self, *args, quantization=None, quantization_lm_head=False):
@@ -73,7 +74,24 @@ def test_int8_is_skipped_with_the_reason_when_the_llm_refuses_the_argument(bench
 
     monkeypatch.setattr(bench, "NanoServe", Broken)
     with pytest.raises(TypeError, match="bad dtype"):
-        bench.nanoserve_run("folder", "bfloat16", "int8", False, [{}])
+        bench.nanoserve_system("folder", "bfloat16", "int8", False)
+
+
+def test_nanoserve_system_builds_the_int8_lm_head_variant(bench):
+    """The benchmark's own NanoServe, not a stand-in: the lm_head as codes beside int8 layers."""
+    system = bench.NanoServe("preset:tiny", "float32", "main", 0.05, quantization="int8",
+                             quantization_lm_head=True)
+    model = system.llm.engine.model
+    assert model.quant_config.method == "int8" and model.lm_head_quant is not None
+    plain = bench.NanoServe("preset:tiny", "float32", "main", 0.05, quantization="int8")
+    assert plain.llm.engine.model.lm_head_quant is None
+    # the floor counts the head's codes: fewer bytes, so a shorter floor, than the fp32 head
+    cfg = system.llm.engine.model_config
+    ceilings = DeviceCeilings("cpu", "test", 1, "", "", False, 1e10, 1e10, {"float32": 1e15})
+    both = [bench.decode_floor(s.llm.engine.model, cfg, 64, ceilings, "float32") for s in (system, plain)]
+    head = model.lm_head_quant
+    head_bytes = cfg.vocab_size * cfg.hidden_size * 4 - head.qweight.nbytes - head.weight_scale.nbytes
+    assert both[1] - both[0] == pytest.approx(head_bytes / 1e10)
 
 
 def fake_report() -> dict:

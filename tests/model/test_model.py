@@ -6,6 +6,7 @@ import torch
 from nanoserve import EngineConfig, LLMEngine
 from nanoserve.engine.request import Request
 from nanoserve.engine.scheduler import ScheduledSeq
+from nanoserve.kernels import reference
 from nanoserve.sampling_params import SamplingParams
 from tests.conftest import ARCHS
 
@@ -56,3 +57,19 @@ def test_greedy_batch_equals_hf_generate_and_alone(hf_models, arch):
             ref = hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
         assert got == ref[0, len(p):].tolist(), f"prompt {p[:5]}...: {got} != HF"
         assert llm.generate([p], params)[0].token_ids == got, "batched output differs from alone"
+
+
+@pytest.mark.slow
+def test_compiled_model_greedy_equals_hf(hf_models):
+    """compile=True: torch.compile over the reference ops, batched and chunked, equals HF."""
+    from nanoserve import LLM, SamplingParams
+    hf, folder = hf_models("llama")
+    prompts = [[5, 9, 2], list(range(20, 61)), [11]]  # the 41-token prompt prefills in two chunks
+    llm = LLM(folder, config=EngineConfig(block_size=8, num_kv_blocks=64, max_num_batched_tokens=32,
+                                          compile=True))
+    assert all(m.ops is reference for m in llm.engine.model.modules() if "ops" in vars(m))
+    got = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0))]
+    for p, out in zip(prompts, got):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, min_new_tokens=12)
+        assert out == ref[0, len(p):].tolist(), f"prompt {p[:5]}...: {out} != HF"
