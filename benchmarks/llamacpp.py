@@ -16,7 +16,7 @@ file (bf16). So every system runs the Q4_1 values, stored at 4, 8, 16 or 32 bits
   `quantization="int8"` when this nanoserve's LLM takes that argument (else skipped, saying so),
   the lm_head in bf16 and, with `quantization_lm_head`, as int8 codes too (as Q8_0 holds it).
   Beside each: the decode step's floor, the bytes it must read over the weight-read bandwidth
-  measured at the start (llama.cpp: the file's tensor bytes; nanoserve: roofline.step_cost, 8-bit
+  measured at the start (llama.cpp: the file's tensor bytes; nanoserve: roofline.stored_step_cost, 8-bit
   codes and their scales at their stored size).
 - serve (over HTTP, `nanoserve loadgen`'s client): `--concurrency` streams at a time, the same text
   prompts (random token ids decoded by the model's tokenizer) and output lengths (greedy, EOS
@@ -128,15 +128,6 @@ def nanoserve_system(folder: str, dtype: str, quantization: str | None,
         return f"this nanoserve's LLM has no quantization argument ({e})"
 
 
-def decode_floor(model, cfg: ModelConfig, context: int, ceilings, dtype: str) -> float:
-    """Seconds a batch-1 decode step's bytes take at the measured bandwidth, 8-bit codes at their
-    stored size (codes and scales) where the model holds them."""
-    cost = roofline.step_cost(cfg, roofline.decode_batch(1, context), roofline.dtype_bytes(dtype),
-                              weight_dtype_bytes=roofline.quantized_weight_bytes(model),
-                              lm_head_dtype_bytes=roofline.lm_head_weight_bytes(model))
-    return roofline.roofline_time(cost, ceilings, dtype)
-
-
 def part_b1(args, sz, folder, cfg, ggufs, ceilings, report) -> None:
     jobs = [j for j in plan(sz, cfg.vocab_size, args.seed) if j["scenario"] in ("b1", "prefill")]
     ctx = sz["b1"][0] + sz["b1"][1] // 2  # mean context of the timed decode steps
@@ -161,7 +152,9 @@ def part_b1(args, sz, folder, cfg, ggufs, ceilings, report) -> None:
             report["skipped"][label] = system
             print(f"{label} skipped: {system}", file=sys.stderr)
             continue
-        floor = decode_floor(system.llm.engine.model, cfg, ctx, ceilings, dtype)
+        cost = roofline.stored_step_cost(system.llm.engine.model, cfg, roofline.decode_batch(1, ctx),
+                                         roofline.dtype_bytes(dtype))
+        floor = roofline.roofline_time(cost, ceilings, dtype)
         rows[label] = dict(compute_figures(by_tag(jobs, system.run(jobs)), sz, floor), floor_ms=1e3 * floor)
         print(f"{label}: {rows[label]}", flush=True)
 

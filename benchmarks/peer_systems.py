@@ -60,8 +60,8 @@ class NanoServe:
         # quantization only when asked: an LLM without that argument then raises TypeError
         extra = {"quantization": quantization} if quantization else {}
         config = nanoserve_config(variant, kv_gib)
-        if quantization_lm_head:  # an EngineConfig field, not an LLM argument; valid only
-            config = replace(config, quantization=quantization, quantization_lm_head=True)  # with a method
+        if quantization_lm_head:  # an EngineConfig field, valid only beside the method
+            config = replace(config, quantization=quantization, quantization_lm_head=True)
         self.llm = LLM(folder, device="cpu", dtype=dtype, config=config, **extra)
         self.llm.generate([[11, 12, 13, 14]], SamplingParams(max_tokens=4, temperature=0))  # warm-up
 

@@ -30,7 +30,7 @@ from nanoserve.kernels import cpu_gemm, cpu_quant_gemm
 from nanoserve.kernels.cpu_huge_pages import to_huge_pages
 from nanoserve.kernels.quantization import quantize_weight
 from nanoserve.measure.ceilings import _weight_read_bandwidth
-from nanoserve.measure.roofline import decode_batch, lm_head_weight_bytes, quantized_weight_bytes, step_cost
+from nanoserve.measure.roofline import decode_batch, stored_step_cost
 from nanoserve.model import preset_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -141,9 +141,8 @@ def batch_table(batches: list[int], rounds: int, dtype: torch.dtype) -> None:
 def step_bytes(llm, context: int) -> float:
     """Bytes one batch-1 decode step reads: step_cost with the linears' weights at their real size."""
     act = torch.finfo(llm.engine.dtype).bits // 8
-    return step_cost(llm.engine.model_config, decode_batch(1, context), act,
-                     weight_dtype_bytes=quantized_weight_bytes(llm.engine.model),
-                     lm_head_dtype_bytes=lm_head_weight_bytes(llm.engine.model)).total_bytes
+    return stored_step_cost(llm.engine.model, llm.engine.model_config, decode_batch(1, context),
+                            act).total_bytes
 
 
 def decode_itl(llm, prompt: list[int], tokens: int) -> float:

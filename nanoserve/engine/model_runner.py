@@ -130,9 +130,10 @@ class ModelRunner(Executor):
             # inductor traces plain torch and generates its own fused kernels; the hand-written
             # ops are opaque calls it cannot fuse (and the C++ ones have no fake-tensor rule)
             model.set_ops(reference)
+            self.forward = torch.compile(model, dynamic=True)
         else:
             model.process_weights_after_loading()  # the kernel backend's weight layout
-        self.forward = torch.compile(model, dynamic=True) if ecfg.compile else model
+            self.forward = model
         self.device, self.dtype = torch.device(device), dtype
         self.kv_cache_dtype = kv_cache_torch_dtype(ecfg.kv_cache_dtype, dtype)  # what the cache stores
         self.block_size = ecfg.block_size

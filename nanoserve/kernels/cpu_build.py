@@ -60,8 +60,8 @@ def _cpu_id() -> str:
 
 def splits_512_bit_ops(cpuinfo: str | None = None) -> bool:
     """Does this CPU (or the /proc/cpuinfo text given) run a 512-bit vector instruction as two
-    256-bit halves? AMD's family 25 (Zen 4) does; Zen 5 (family 26) and Intel's AVX-512 cores run
-    it whole. The compiler cannot tell: GCC 12's -march=native names Zen 4 and Zen 5 alike."""
+    256-bit halves? AMD's CPU family 25 does; later AMD families and Intel's AVX-512 cores run it
+    whole. The CPU family tells, the compiler cannot: -march=native may name two families alike."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as f:

@@ -4,7 +4,8 @@ Three parts:
 - the device's measured ceilings (ceilings.py, re-exported here: `measure_ceilings`,
   `load_or_measure_ceilings`, `DeviceCeilings`), and `format_ceilings` to print them.
 - `step_cost` counts the FLOPs and the compulsory bytes of one model step from a ModelConfig
-  and a batch given as (query_len, context_len) per sequence, split by term.
+  and a batch given as (query_len, context_len) per sequence, split by term; `stored_step_cost`
+  the same with a loaded model's weights at their stored size (8-bit codes).
 - `roofline_time`, `decode_step_floor`, `ridge_point`, `critical_batch_size`, `mbu`, `mfu`
   and `plot_roofline` turn the two into floors, efficiencies and a figure.
 
@@ -170,6 +171,14 @@ def lm_head_weight_bytes(model: torch.nn.Module) -> float | None:
     where the lm_head keeps the model's dtype."""
     head = getattr(model, "lm_head_quant", None)
     return None if head is None else _code_bytes([head])
+
+
+def stored_step_cost(model: torch.nn.Module, cfg: ModelConfig, batch: Iterable[tuple],
+                     dtype_bytes: int = 4, kv_dtype_bytes: int | None = None) -> StepCost:
+    """step_cost with `model`'s decoder linears and lm_head at the size they are stored: 8-bit
+    codes and their scales where the model holds them, else dtype_bytes."""
+    return step_cost(cfg, batch, dtype_bytes, kv_dtype_bytes, quantized_weight_bytes(model),
+                     lm_head_weight_bytes(model))
 
 
 def _code_bytes(layers) -> float | None:

@@ -88,7 +88,9 @@ def test_nanoserve_system_builds_the_int8_lm_head_variant(bench):
     # the floor counts the head's codes: fewer bytes, so a shorter floor, than the fp32 head
     cfg = system.llm.engine.model_config
     ceilings = DeviceCeilings("cpu", "test", 1, "", "", False, 1e10, 1e10, {"float32": 1e15})
-    both = [bench.decode_floor(s.llm.engine.model, cfg, 64, ceilings, "float32") for s in (system, plain)]
+    both = [bench.roofline.roofline_time(bench.roofline.stored_step_cost(
+        s.llm.engine.model, cfg, bench.roofline.decode_batch(1, 64)), ceilings, "float32")
+        for s in (system, plain)]
     head = model.lm_head_quant
     head_bytes = cfg.vocab_size * cfg.hidden_size * 4 - head.qweight.nbytes - head.weight_scale.nbytes
     assert both[1] - both[0] == pytest.approx(head_bytes / 1e10)

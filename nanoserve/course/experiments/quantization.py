@@ -38,10 +38,9 @@ def decode_floor(llm, batch: int, context: int, ceilings) -> tuple[float, float]
     as they are stored (8-bit codes and their scales, or the model dtype), activations in the model
     dtype, KV in the cache's (modelled: measure.roofline.step_cost over this device's bandwidth)."""
     engine = engine_of(llm)
-    cost = roofline.step_cost(engine.model_config, roofline.decode_batch(batch, context),
-                              engine.dtype.itemsize, engine.kv_cache_dtype.itemsize,
-                              roofline.quantized_weight_bytes(engine.model),
-                              roofline.lm_head_weight_bytes(engine.model))
+    cost = roofline.stored_step_cost(engine.model, engine.model_config,
+                                     roofline.decode_batch(batch, context), engine.dtype.itemsize,
+                                     engine.kv_cache_dtype.itemsize)
     return cost.total_bytes, cost.total_bytes / ceilings.bandwidth
 
 
