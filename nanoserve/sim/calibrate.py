@@ -68,7 +68,8 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
     prefill = np.asarray([s.num_prefill_tokens > 0 for s in trace])
 
     def by_fitted_time(m):  # (fitted, residual) seconds of the steps m selects
-        return tuple(sorted(zip(pred[m].tolist(), res[m].tolist())))
+        # by fitted time only: tied steps keep run order, not the order of their residuals
+        return tuple(sorted(zip(pred[m].tolist(), res[m].tolist()), key=lambda s: s[0]))
 
     # a kind the run never had borrows the other's residuals
     residuals = {k: by_fitted_time(m if m.any() else ~m)

@@ -45,6 +45,7 @@ from nanoserve.outputs import RequestOutput
 from nanoserve.sim.devices import DeviceProfile, num_kv_blocks
 
 NEIGHBOURS = 16  # measured steps a simulated step draws its noise from
+TIE = 1e-9  # modelled times this close (relative) are one time computed in a different order
 
 
 @dataclass
@@ -92,9 +93,15 @@ class CostModel:
         the whole run: the fit's error depends on a step's size, and a residual drawn from any
         step turns that error into variance, which lengthens the simulated queues."""
         steps = self.residuals[kind]
-        i = bisect.bisect(steps, t, key=lambda s: s[0])
-        lo = max(0, min(i - NEIGHBOURS // 2, len(steps) - NEIGHBOURS))
-        return max(t + rng.choice(steps[lo:lo + NEIGHBOURS])[1], t * self.min_ratio)
+        # Steps the fit cannot tell apart (their features differ only in a term fitted as free)
+        # share one modelled time, give or take rounding: draw from all of them, since a window
+        # at one end of the tie would keep only its first or last few measured steps.
+        lo = bisect.bisect_left(steps, t * (1 - TIE), key=lambda s: s[0])
+        hi = bisect.bisect_right(steps, t * (1 + TIE), key=lambda s: s[0])
+        if hi - lo < NEIGHBOURS:
+            lo = max(0, min((lo + hi) // 2 - NEIGHBOURS // 2, len(steps) - NEIGHBOURS))
+            hi = lo + NEIGHBOURS
+        return max(t + rng.choice(steps[lo:hi])[1], t * self.min_ratio)
 
     def describe(self) -> str:
         def rate(s, unit, scale):
