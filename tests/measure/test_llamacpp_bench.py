@@ -96,6 +96,46 @@ def test_nanoserve_system_builds_the_int8_lm_head_variant(bench):
     assert both[1] - both[0] == pytest.approx(head_bytes / 1e10)
 
 
+def test_b1_runs_every_system_once_a_round_in_turn_and_keeps_each_rounds_ratio(bench, monkeypatch):
+    """Rounds interleave the systems, the order reversed every other round, so a machine that
+    slows down over the run slows each alike; the ratio is taken within each round."""
+    order, prompts, sz = [], [], bench.B1["quick"]
+    itls = {"llama.cpp Q8_0": [10e-3, 20e-3, 10e-3], "nanoserve bfloat16": [5e-3, 10e-3, 10e-3]}
+
+    class Fake:
+        system_info = "fake"
+
+        def __init__(self, label):
+            self.label, self.llm = label, type("L", (), {"engine": type("E", (), {"model": None})})
+
+        def run(self, jobs):
+            order.append(self.label)
+            prompts.append(jobs[0]["prompts"][0])
+            itl = itls[self.label][sum(o == self.label for o in order) - 1]
+            return [0.01 + (sz["b1"][1] - 1) * itl if j["tag"] == "b1_n" else 0.01 for j in jobs]
+
+    monkeypatch.setattr(bench, "LlamaCpp", lambda path, *a: Fake(f"llama.cpp {path}"))
+    monkeypatch.setattr(bench, "nanoserve_system", lambda folder, dtype, *a: Fake(f"nanoserve {dtype}"))
+    monkeypatch.setattr(bench.roofline, "stored_step_cost", lambda *a, **k: None)
+    monkeypatch.setattr(bench.roofline, "roofline_time", lambda *a: 2e-3)
+    args = type("A", (), dict(llamacpp_python="py", threads=2, dtypes="bfloat16", no_int8=True,
+                              rounds=3, seed=0))
+    report = {"b1": {}, "load": {}, "skipped": {}, "gguf": {"Q8_0": {"tensor_bytes": 1e8}}}
+    ceilings = DeviceCeilings("cpu", "test", 1, "", "", False, 1e10, 1e10, {"float32": 1e15})
+    bench.part_b1(args, sz, "folder", type("C", (), {"vocab_size": 100}), {"Q8_0": "Q8_0"},
+                  ceilings, report)
+    L, N = "llama.cpp Q8_0", "nanoserve bfloat16"
+    assert order == [L, N, N, L, L, N]
+    # the same prompts within a round, fresh ones each round (nanoserve's prefix cache keeps them)
+    assert prompts[0] == prompts[1] and prompts[2] == prompts[3] and prompts[0] != prompts[2] != prompts[4]
+    assert report["b1"][N]["b1_decode_rounds"] == pytest.approx([200, 100, 100])
+    assert report["b1"][N]["b1_decode"] == pytest.approx(100)  # the median round
+    assert report["b1"][L]["b1_decode"] == pytest.approx(100) and report["b1"][L]["floor_ms"] == 10
+    # within each round: 2x, 2x, 1x; the medians' ratio (1.00x) would hide the faster rounds
+    lines = bench.round_ratio_lines(report["b1"], [(N, L)])
+    assert lines == [f"- {N} / {L}: median 2.00x over 3 rounds (1.00x to 2.00x)"]
+
+
 def fake_report() -> dict:
     serve = dict(completed=48, failed=0, duration_s=10.0, total_tok_s=900.0, ttft_p50_ms=50.0,
                  itl_p50_ms=20.0, tpot_p50_ms=21.0, output_tokens_per_request=65.0, retokenized_output_p50=63,
