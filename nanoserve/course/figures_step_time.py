@@ -33,16 +33,22 @@ def plot_step_profile(profiles: Sequence, label: str, ax=None):
 
 
 def plot_host_split(splits: Sequence, label: str, ax=None):
-    """One bar per HostSplit: host phases below, the forward on top; the host share above each."""
+    """One bar per HostSplit: host phases below, the forward on top (on a CPU: its ops, then the
+    Python between them); the host share above each."""
     import matplotlib.pyplot as plt
 
     from nanoserve.course.experiments.host_time import HOST
     ax = get_axes(ax)
-    parts = (*HOST, "forward")
     names = [f"batch {s.batch}" + ("" if not any(t.graphs for t in splits) else
                                    ("\ngraphs" if s.graphs else "\neager")) for s in splits]
-    _stacked(ax, names, parts, [s.phases_ms for s in splits],
-             [*plt.cm.Oranges([0.35, 0.5, 0.65, 0.8]), "tab:blue"])
+    host_colors = [*plt.cm.Oranges([0.35, 0.5, 0.65, 0.8])]
+    if all(s.forward_ops_ms is not None for s in splits):
+        parts = (*HOST, "forward: ops", "forward: Python between ops")
+        values = [{**s.phases_ms, parts[-2]: s.forward_ops_ms, parts[-1]: s.forward_python_ms}
+                  for s in splits]
+        _stacked(ax, names, parts, values, [*host_colors, "tab:blue", "lightskyblue"])
+    else:
+        _stacked(ax, names, (*HOST, "forward"), [s.phases_ms for s in splits], [*host_colors, "tab:blue"])
     for i, s in enumerate(splits):
         ax.annotate(f"host {100 * s.host_share:.0f}%", (i, s.step_ms), ha="center", va="bottom",
                     fontsize=8)

@@ -13,13 +13,19 @@ def llm():
 
 
 def test_host_split_phases_add_up_to_the_step(llm):
+    runner = setup.engine_of(llm).executor
+    forward = runner.forward
     s = host_time.host_split(llm, batch=4, context=16, steps=3)
     assert set(s.phases_ms) == set(host_time.PHASES)
     assert sum(s.phases_ms.values()) == pytest.approx(s.step_ms)
     assert s.phases_ms["forward"] > 0 and s.phases_ms["input preparation"] > 0
     assert 0 < s.host_share < 1 and not s.graphs  # a CPU has no CUDA graphs
+    # the profiler found the forward's ops (a separate run: noise may put them above the forward)
+    assert 0 < s.forward_ops_ms < 3 * s.phases_ms["forward"]
+    assert s.forward_python_ms == pytest.approx(s.phases_ms["forward"] - s.forward_ops_ms)
     assert not setup.engine_of(llm).has_unfinished()
-    assert "prepare" not in vars(setup.engine_of(llm).executor)  # the timers are gone
+    assert "prepare" not in vars(runner) and runner.forward is forward  # the timers and ranges are gone
+    assert "compute_logits" not in vars(runner.model)
 
 
 def test_graphs_on_off_refuses_a_cpu():
@@ -52,6 +58,7 @@ def test_host_split_counts_graph_replays_as_the_forward(llm):
         runner.graphs = None
     assert s.graphs and s.phases_ms["forward"] > 0
     assert sum(s.phases_ms.values()) == pytest.approx(s.step_ms)
+    assert s.forward_ops_ms is None  # a replayed graph has no Python between its ops
 
 
 def test_lesson_11_runs_only_batches_the_default_graphs_capture():

@@ -199,12 +199,12 @@ def test_batch1_host_work_splits_a_step_into_ops_and_host_work(capsys):
     spec = importlib.util.spec_from_file_location("batch1_host_work", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--model", "preset:tiny", "--tokens", "8", "--rounds", "1"])
+    module.main(["--model", "preset:tiny", "--steps", "4", "--rounds", "1"])
     rows = [ln.split("|")[1:-1] for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")]
     assert [r[0].strip() for r in rows[1:]] == ["bf16", "int8, lm_head int8"]
     for r in rows[1:]:
-        step, ops, gemv = (float(x) for x in r[1:4])
-        assert 0 < gemv < ops and step > 0  # host work = step - ops, whatever its sign on a busy machine
+        step, ops = float(r[1]), float(r[2])
+        assert 0 < ops and step > 0  # the Python between ops = forward - ops, whatever its sign when busy
 
 
 def test_peers_require_idle_aborts_on_a_busy_machine(tmp_path, monkeypatch):

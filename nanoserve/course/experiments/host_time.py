@@ -7,16 +7,25 @@ The phases are timed by wrapping the engine's own methods for a few decode steps
 (forward), the sampler (sampling) and the rest of `step` (outputs: the scheduler's update, the
 RequestOutputs, the trace). On CUDA each timer waits for the GPU first (torch.cuda.synchronize),
 so a phase holds the GPU work it launched; that costs a little overlap the engine would have.
+
+On a CPU the forward itself splits in two: the ops' own time, and the Python between them (module
+calls, the kernels' wrappers, dispatch), which a runtime that runs its whole graph in native code
+(llama.cpp) does not pay. The ops' time comes from torch.profiler over the same number of further
+decode steps, untimed otherwise: the profiler slows the Python it watches, not the ops' own time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from nanoserve.config import default_device
 from nanoserve.course.setup import Table, device_kind, fresh_engine, load_llm, random_prompt
@@ -36,6 +45,14 @@ class HostSplit:
     step_ms: float
     phases_ms: dict[str, float]  # PHASES -> ms; they sum to step_ms
     graphs: bool  # the forward replayed CUDA graphs
+    # CPU: the forward's time outside its ops, the Python between them: the median forward of a
+    # timed step less the median of the ops' own time in a profiled one (0 where noise says less)
+    forward_python_ms: float | None = None
+
+    @property
+    def forward_ops_ms(self) -> float | None:
+        """CPU: the rest of the forward, its ops' own time."""
+        return None if self.forward_python_ms is None else self.phases_ms["forward"] - self.forward_python_ms
 
     @property
     def host_ms(self) -> float:
@@ -65,8 +82,65 @@ class _Timed:
         return getattr(self._fn, name)
 
 
+FORWARD, STEP = "nanoserve::forward", "nanoserve::step"  # the profiler's ranges
+
+
+def _ranges(event):
+    """The FORWARD and STEP range events an event runs within (None where it runs in none)."""
+    forward = step = None
+    while event.cpu_parent is not None:
+        event = event.cpu_parent
+        if event.name == FORWARD:
+            forward = event
+        elif event.name == STEP:
+            step = event
+    return forward, step
+
+
+@contextlib.contextmanager
+def _no_stderr():
+    """torch's profiler writes a line to the process's stderr at each start and stop (from C++,
+    so a notebook would show them): silence file descriptor 2 meanwhile."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _forward_ops_ms(engine, runner, steps: int) -> float:
+    """Median ms per decode step of the ops' own (self) time inside the forward and lm_head, from
+    torch.profiler over `steps` more decode steps."""
+    def ranged(fn):
+        def call(*args, **kwargs):
+            with record_function(FORWARD):
+                return fn(*args, **kwargs)
+        return call
+    forward, logits = runner.forward, runner.model.compute_logits
+    runner.forward, runner.model.compute_logits = ranged(forward), ranged(logits)
+    try:
+        with _no_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                with record_function(STEP):
+                    engine.step()
+    finally:
+        runner.forward, runner.model.compute_logits = forward, logits
+    per_step = {}  # id of a step's range -> its ops' self microseconds
+    for e in prof.events():
+        if e.name not in (FORWARD, STEP):
+            forward, step = _ranges(e)
+            if forward is not None and step is not None:
+                per_step[id(step)] = per_step.get(id(step), 0.0) + e.self_cpu_time_total
+    return float(np.median(list(per_step.values()))) / 1e3 if per_step else 0.0
+
+
 def host_split(llm, batch: int, context: int, steps: int = 8, seed: int = 0) -> HostSplit:
-    """Time `steps` decode steps of `batch` random prompts of `context` tokens, by phase."""
+    """Time `steps` decode steps of `batch` random prompts of `context` tokens, by phase; on a CPU,
+    `steps` more under the profiler for the ops' share of the forward."""
     engine = fresh_engine(llm, enable_prefix_caching=False, max_num_seqs=max(batch, 1),
                           record_trace=False)
     runner = engine.executor
@@ -75,7 +149,7 @@ def host_split(llm, batch: int, context: int, steps: int = 8, seed: int = 0) -> 
     cuda = runner.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     rng = np.random.default_rng(seed)
-    ids = [engine.add_request(random_prompt(engine, context, rng), greedy_params(steps + 2 * batch + 2))
+    ids = [engine.add_request(random_prompt(engine, context, rng), greedy_params(2 * steps + 2 * batch + 2))
            for _ in range(batch)]
     while any(engine.requests[i].is_prefilling for i in ids):
         engine.step()  # untimed: every sequence decoding, and graphs (if any) warmed up
@@ -95,10 +169,18 @@ def host_split(llm, batch: int, context: int, steps: int = 8, seed: int = 0) -> 
         engine.scheduler.schedule = _Timed(engine.scheduler.schedule, "scheduling", spent, sync)
         sync()
         t = time.perf_counter()
+        forwards = []  # seconds of each step's forward
         for _ in range(steps):
+            before = spent["forward"]
             engine.step()
+            forwards.append(spent["forward"] - before)
         sync()
         total = time.perf_counter() - t
+        spent = dict(spent)  # the timers keep counting while the profiled steps run
+        python_ms = None
+        if not cuda and runner.graphs is None:  # a replayed graph has no Python between its ops
+            python_ms = 1e3 * float(np.median(forwards)) - _forward_ops_ms(engine, runner, steps)
+            python_ms = min(max(python_ms, 0.0), 1e3 * spent["forward"] / steps)
     finally:
         for name in wrapped:
             vars(runner).pop(name, None)
@@ -111,12 +193,14 @@ def host_split(llm, batch: int, context: int, steps: int = 8, seed: int = 0) -> 
             engine.abort(i)
     spent["outputs"] = total - sum(spent.values())
     return HostSplit(batch, context, steps, 1e3 * total / steps,
-                     {p: 1e3 * v / steps for p, v in spent.items()}, len(replays) == steps)
+                     {p: 1e3 * v / steps for p, v in spent.items()}, len(replays) == steps, python_ms)
 
 
 def host_table(splits: list[HostSplit], title: str = "") -> Table:
     rows = [dict(batch=s.batch, context=s.context, graphs="yes" if s.graphs else "no",
                  **{"step ms": s.step_ms}, **{f"{p} ms": s.phases_ms[p] for p in PHASES},
+                 **({} if s.forward_ops_ms is None else {"of it ops ms": s.forward_ops_ms,
+                                                         "of it Python ms": s.forward_python_ms}),
                  **{"host share": f"{100 * s.host_share:.0f}%"}) for s in splits]
     return Table(rows, title or "one decode step, by phase (ms, mean over steps)")
 
