@@ -2,11 +2,13 @@
 
     python benchmarks/batch1_host_work.py [--model smollm2-135m] [--steps 32] [--rounds 3]
 
-Per variant (bf16 weights; int8 codes with the lm_head as codes too), in interleaved rounds,
-lesson 11's `host_split` at batch 1: the step's wall time by phase, the forward's ops' own time
-(torch.profiler over as many further steps) and so the Python between those ops. A model with many
-thin layers pays that Python once per op per layer, which a runtime that runs the whole step in
-native code does not. Prints a table (medians of rounds) with the machine.
+Per variant (bf16 weights; int8 codes with the lm_head as codes too; each by default, one call a
+layer (kernels/cpu_decode_layer.py), and with enforce_eager=True, every kernel called from
+Python), in interleaved rounds, lesson 11's `host_split` at batch 1: the step's wall time by
+phase, the forward's ops' own time (torch.profiler over as many further steps) and so the Python
+between those ops. A model with many thin layers pays that Python once per op per layer, which a
+runtime that runs the whole step in native code does not. Prints a table (medians of rounds) with
+the machine.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from nanoserve.course.experiments.host_time import host_split
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quantization import machine  # noqa: E402
 
-VARIANTS = {"bf16": None, "int8, lm_head int8": "int8"}
+VARIANTS = {"bf16": (None, False), "bf16, eager": (None, True), "int8, lm_head int8": ("int8", False),
+            "int8, lm_head int8, eager": ("int8", True)}  # name -> (quantization, enforce_eager)
 CONTEXT = 32  # prompt tokens, as llamacpp.py's batch-1 jobs
 
 
@@ -37,8 +40,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     llms = {name: LLM(args.model, device="cpu", dtype="bfloat16", config=EngineConfig(
-                max_num_seqs=4, quantization=q, quantization_lm_head=bool(q)))
-            for name, q in VARIANTS.items()}
+                max_num_seqs=4, quantization=q, quantization_lm_head=bool(q), enforce_eager=eager))
+            for name, (q, eager) in VARIANTS.items()}
     for llm in llms.values():
         host_split(llm, 1, CONTEXT, 2)  # warm-up: a fresh engine's first steps run slower Python
     rows = {name: [] for name in llms}

@@ -39,8 +39,8 @@ def plot_host_split(splits: Sequence, label: str, ax=None):
 
     from nanoserve.course.experiments.host_time import HOST
     ax = get_axes(ax)
-    names = [f"batch {s.batch}" + ("" if not any(t.graphs for t in splits) else
-                                   ("\ngraphs" if s.graphs else "\neager")) for s in splits]
+    names = [f"batch {s.batch}" + ("\ngraphs" if s.graphs else "\nfused layers" if s.fused
+                                   else "\neager" if s.eager else "") for s in splits]
     host_colors = [*plt.cm.Oranges([0.35, 0.5, 0.65, 0.8])]
     if all(s.forward_ops_ms is not None for s in splits):
         parts = (*HOST, "forward: ops", "forward: Python between ops")

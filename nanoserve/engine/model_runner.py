@@ -36,7 +36,7 @@ from nanoserve.engine.scheduler import ScheduledSeq, SchedulerOutput
 from nanoserve.engine.shm_connector import make_kv_connector
 from nanoserve.engine.tokenizer import load_tokenizer
 from nanoserve.errors import InvalidRequest, as_int
-from nanoserve.kernels import reference
+from nanoserve.kernels import reference, use_kernels
 
 
 def num_kv_blocks_for(ecfg: EngineConfig, mcfg: ModelConfig, dtype, device, max_model_len: int) -> int:
@@ -133,6 +133,8 @@ class ModelRunner(Executor):
             self.forward = torch.compile(model, dynamic=True)
         else:
             model.process_weights_after_loading()  # the kernel backend's weight layout
+            if ecfg.enforce_eager:  # every kernel called one by one: no fused decode layer (CPU)
+                use_kernels(model)
             self.forward = model
         self.device, self.dtype = torch.device(device), dtype
         self.kv_cache_dtype = kv_cache_torch_dtype(ecfg.kv_cache_dtype, dtype)  # what the cache stores

@@ -5,8 +5,10 @@ rotary_embedding, reshape_and_cache, paged_attention and silu_and_mul (the MLP's
 with identical signatures: Triton on CUDA when triton is installed (it is Linux-only); on a CPU
 the five in C++ (cpu_attention.py, cpu_layer_ops.py: each the reference's arithmetic in one
 call) where those ops build (cpu_build.py); the torch reference (reference.py, the
-specification) elsewhere. `NANOSERVE_KERNELS=reference|cpu|triton` overrides (triton on a CPU
-needs TRITON_INTERPRET=1 set before the first import, and is very slow).
+specification) elsewhere. The CPU namespace also has `decode_layer`: at a decode step's few
+rows, a layer's kernels called from C++ in one call (cpu_decode_layer.py; off with
+`EngineConfig(enforce_eager=True)`). `NANOSERVE_KERNELS=reference|cpu|triton` overrides
+(triton on a CPU needs TRITON_INTERPRET=1 set before the first import, and is very slow).
 
 Beside the layer's kernels, the same dispatch serves the engine: `argmax` (greedy sampling; C++
 on the CPU backend, cpu_argmax.py) and `process_weights_after_loading(model)` (a CPU repacks the
@@ -34,6 +36,7 @@ from nanoserve.kernels import (
     cpu_argmax,
     cpu_attention,
     cpu_build,
+    cpu_decode_layer,
     cpu_gemm,
     cpu_layer_ops,
     cpu_malloc,
@@ -71,10 +74,12 @@ def get_ops(device):
     if backend == "cpu":
         if not cpu_build.available():
             raise RuntimeError(f"NANOSERVE_KERNELS=cpu: {cpu_build.unavailable_reason()}")
-        return kernel_ops(reference, paged_attention=cpu_attention.paged_attention,
-                          rms_norm=cpu_layer_ops.rms_norm, rotary_embedding=cpu_layer_ops.rotary_embedding,
-                          reshape_and_cache=cpu_layer_ops.reshape_and_cache,
-                          silu_and_mul=cpu_layer_ops.silu_and_mul)
+        ops = kernel_ops(reference, paged_attention=cpu_attention.paged_attention,
+                         rms_norm=cpu_layer_ops.rms_norm, rotary_embedding=cpu_layer_ops.rotary_embedding,
+                         reshape_and_cache=cpu_layer_ops.reshape_and_cache,
+                         silu_and_mul=cpu_layer_ops.silu_and_mul)
+        ops.decode_layer = cpu_decode_layer.decode_layer  # these five in one call, where a step allows
+        return ops
     return reference
 
 
@@ -104,7 +109,8 @@ def kernel_ops(base=None, **overrides) -> SimpleNamespace:
     """A kernel namespace: `base`'s kernels (default: the torch reference), some replaced.
 
     kernel_ops(paged_attention=f).paged_attention is f; the others are the reference's. A base
-    without one of KERNEL_NAMES (a namespace from before silu_and_mul) gets the reference's.
+    without one of KERNEL_NAMES (a namespace from before silu_and_mul) gets the reference's. The
+    result has no `decode_layer` (get_ops's CPU namespace has), so every kernel in it runs.
     """
     bad = sorted(set(overrides) - set(KERNEL_NAMES))
     if bad:

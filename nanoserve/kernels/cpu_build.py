@@ -5,7 +5,8 @@ cache on a CPU with AVX512-BF16; called by cpu_attention.py), a decoder layer's 
 RMSNorm, RoPE, the K/V cache write and the MLP's SiLU-and-mul (cpu_layer_ops.cpp, called by
 cpu_layer_ops.py), the GEMV of linears of a few rows (cpu_gemv.cpp, called by cpu_gemm.py), its
 counterpart over 8-bit weight codes and their dequantization (cpu_quant_gemv.cpp, called by
-cpu_quant_gemm.py), and greedy sampling's argmax (cpu_argmax.cpp, called by cpu_argmax.py);
+cpu_quant_gemm.py), greedy sampling's argmax (cpu_argmax.cpp, called by cpu_argmax.py), and a
+decoder layer's decode step calling those ops from C++ (cpu_decode_layer.cpp, cpu_decode_layer.py);
 cpu_common.h has the helpers they share, cpu_few_rows.h what the two GEMVs share.
 They are built on first use with the machine's C++ compiler against the installed torch's
 headers, into one library in a cache folder keyed by the sources, torch, compiler and CPU, so
@@ -35,7 +36,7 @@ from nanoserve import env
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(HERE, name) for name in
            ("cpu_attention.cpp", "cpu_attention_bf16.cpp", "cpu_layer_ops.cpp", "cpu_gemv.cpp",
-            "cpu_quant_gemv.cpp", "cpu_argmax.cpp")]
+            "cpu_quant_gemv.cpp", "cpu_argmax.cpp", "cpu_decode_layer.cpp")]
 HEADERS = [os.path.join(HERE, h) for h in ("cpu_common.h", "cpu_few_rows.h")]
 _why_not: list[str] = []
 

@@ -107,6 +107,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
 
     def forward(self, positions, x, residual, kv_cache, attn, cos_sin):
+        # a backend may run a decode step's whole layer in one call, the same kernels in this
+        # order (the CPU's: there the Python between small ops costs as much as they do)
+        fused = getattr(self.ops, "decode_layer", None)
+        out = None if fused is None else fused(self, positions, x, residual, kv_cache, attn, cos_sin)
+        if out is not None:
+            return out
         # the residual stream is carried separately so each norm fuses the add before it
         if residual is None:
             residual, x = x, self.ops.rms_norm(x, self.input_layernorm, self.eps)

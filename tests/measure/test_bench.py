@@ -201,7 +201,8 @@ def test_batch1_host_work_splits_a_step_into_ops_and_host_work(capsys):
     spec.loader.exec_module(module)
     module.main(["--model", "preset:tiny", "--steps", "4", "--rounds", "1"])
     rows = [ln.split("|")[1:-1] for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")]
-    assert [r[0].strip() for r in rows[1:]] == ["bf16", "int8, lm_head int8"]
+    assert [r[0].strip() for r in rows[1:]] == ["bf16", "bf16, eager", "int8, lm_head int8",
+                                                "int8, lm_head int8, eager"]
     for r in rows[1:]:
         step, ops = float(r[1]), float(r[2])
         assert 0 < ops and step > 0  # the Python between ops = forward - ops, whatever its sign when busy

@@ -53,7 +53,7 @@ from nanoserve.course.experiments.device import (
     linear_table,
     weight_read_table,
 )
-from nanoserve.course.experiments.host_time import HostSplit, graphs_on_off, host_split, host_table
+from nanoserve.course.experiments.host_time import HostSplit, eager_on_off, host_split, host_table
 from nanoserve.course.experiments.kv import (
     AllocatorCheck,
     FragmentationRun,
@@ -102,6 +102,6 @@ __all__ = [
     "two_phases", "weight_read_table",
     "GridPoint", "KVCapacity", "datasheet_capacity", "decode_grid", "grid_cells", "grid_table",
     "kv_capacity", "kv_crossover_tokens", "replica_table",
-    "HostSplit", "PoolRun", "PreemptionStudy", "graphs_on_off", "host_split", "host_table",
+    "HostSplit", "PoolRun", "PreemptionStudy", "eager_on_off", "host_split", "host_table",
     "preemption_study", "small_pool_blocks",
 ]

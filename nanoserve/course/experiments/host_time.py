@@ -1,6 +1,6 @@
 """Lesson 11: where a step's wall time goes between the host (Python deciding and preparing the
 step, then sampling and turning its tokens into outputs) and the forward (the model itself), and
-what CUDA graphs change on a GPU.
+what the engine's ways of cutting host work change: CUDA graphs on a GPU, one call a layer on a CPU.
 
 The phases are timed by wrapping the engine's own methods for a few decode steps: the scheduler's
 `schedule` (scheduling), the runner's `prepare` (input preparation), the forward with the lm_head
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from nanoserve.config import default_device
 from nanoserve.course.setup import Table, device_kind, fresh_engine, load_llm, random_prompt
+from nanoserve.kernels import cpu_decode_layer
 from nanoserve.measure.workload import greedy_params
 
 PHASES = ("scheduling", "input preparation", "forward", "sampling", "outputs")
@@ -48,6 +48,8 @@ class HostSplit:
     # CPU: the forward's time outside its ops, the Python between them: the median forward of a
     # timed step less the median of the ops' own time in a profiled one (0 where noise says less)
     forward_python_ms: float | None = None
+    eager: bool = False  # loaded with enforce_eager=True: every kernel called one by one
+    fused: bool = False  # CPU: each layer's kernels ran in one call (kernels/cpu_decode_layer.py)
 
     @property
     def forward_ops_ms(self) -> float | None:
@@ -148,6 +150,8 @@ def host_split(llm, batch: int, context: int, steps: int = 8, seed: int = 0) -> 
         raise ValueError(f"host_split times a real model; {type(runner).__name__} runs none")
     cuda = runner.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    ops = next(m.ops for m in runner.model.modules() if "ops" in vars(m))
+    fused = getattr(ops, "decode_layer", None) is not None and batch <= cpu_decode_layer.MAX_ROWS
     rng = np.random.default_rng(seed)
     ids = [engine.add_request(random_prompt(engine, context, rng), greedy_params(2 * steps + 2 * batch + 2))
            for _ in range(batch)]
@@ -193,7 +197,8 @@ def host_split(llm, batch: int, context: int, steps: int = 8, seed: int = 0) -> 
             engine.abort(i)
     spent["outputs"] = total - sum(spent.values())
     return HostSplit(batch, context, steps, 1e3 * total / steps,
-                     {p: 1e3 * v / steps for p, v in spent.items()}, len(replays) == steps, python_ms)
+                     {p: 1e3 * v / steps for p, v in spent.items()}, len(replays) == steps, python_ms,
+                     runner.ecfg.enforce_eager, fused)
 
 
 def host_table(splits: list[HostSplit], title: str = "") -> Table:
@@ -205,18 +210,18 @@ def host_table(splits: list[HostSplit], title: str = "") -> Table:
     return Table(rows, title or "one decode step, by phase (ms, mean over steps)")
 
 
-def graphs_on_off(model: str, batches, context: int, steps: int = 8, device: str | None = None,
-                  **config) -> list[HostSplit]:
-    """CUDA only: the same decode steps with CUDA graphs (the default) and with
-    enforce_eager=True, each on its own load of `model` (graphs are captured at load time)."""
-    if device_kind(device) != "cuda":
-        raise ValueError(f"graphs_on_off compares CUDA graphs with eager launches: CUDA only, "
-                         f"not device={device or default_device()!r}")
+def eager_on_off(model: str, batches, context: int, steps: int = 8, device: str | None = None,
+                 **config) -> list[HostSplit]:
+    """The same decode steps as the engine runs them by default (CUDA graphs on CUDA; on a CPU
+    each layer's kernels in one call at up to cpu_decode_layer.MAX_ROWS sequences) and with
+    enforce_eager=True (every kernel called one by one from Python), each on its own load of
+    `model` (graphs are captured at load time)."""
     out = []
     for eager in (False, True):
         llm = load_llm(model, device=device, enforce_eager=eager, **config)
         out += [host_split(llm, b, context, steps) for b in batches]
         del llm
         gc.collect()
-        torch.cuda.empty_cache()
+        if device_kind(device) == "cuda":
+            torch.cuda.empty_cache()
     return out

@@ -1,0 +1,120 @@
+// A whole decoder layer's decode step in one call: the same C++ ops, in the same order and on the
+// same shapes, that model/llama.py's DecoderLayer calls one by one from Python.
+//
+// At batch 1 a layer is some fifteen small op calls (two norms, four linears, rotary, the cache
+// write, attention, the activation), and on a CPU the Python between them (module calls, the
+// kernels' wrappers, dispatch) costs about as much as a thin layer's weight read
+// (benchmarks/batch1_host_work.py). Here the calls go from C++ through torch's dispatcher: the
+// arithmetic is the ops' own, so the output equals the op-by-op path's bit for bit
+// (cpu_decode_layer.py says which layers and steps take it).
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+struct Ops {
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&)> gemv =
+      op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&)>("nanoserve_cpu::gemv");
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const OptTensor&)>
+      quant_gemv = op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const OptTensor&)>("nanoserve_cpu::quant_gemv");
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptTensor&,
+                                const OptTensor&)>
+      rms_norm = op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptTensor&,
+                         const OptTensor&)>("nanoserve_cpu::rms_norm");
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)> rope =
+      op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+          "nanoserve_cpu::rotary_embedding");
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const at::Tensor&)>
+      cache = op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const at::Tensor&)>("nanoserve_cpu::reshape_and_cache");
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const at::Tensor&, const at::Tensor&, double, double, double)>
+      attention = op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          const at::Tensor&, const at::Tensor&, double, double, double)>(
+          "nanoserve_cpu::decode_attention");
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&)> silu_and_mul =
+      op<void(const at::Tensor&, const at::Tensor&)>("nanoserve_cpu::silu_and_mul");
+};
+
+const Ops& ops() {
+  static const Ops handles;  // looked up once, after every op of the library is registered
+  return handles;
+}
+
+// A linear as cpu_gemm.py / cpu_quant_gemm.py run it for a few rows: [weight] or [weight, bias]
+// for the float GEMV, [codes, scales] or [codes, scales, bias] for the GEMV over 8-bit codes.
+at::Tensor linear(const at::Tensor& x, const std::vector<at::Tensor>& w) {
+  const bool codes = w.at(0).scalar_type() == at::kChar || w[0].scalar_type() == at::kFloat8_e4m3fn;
+  const size_t n = codes ? 2 : 1;
+  TORCH_CHECK(w.size() == n || w.size() == n + 1, "decode_layer: a linear is [weight(, bias)] or "
+              "[codes, scales(, bias)], got ", w.size(), " tensors");
+  const OptTensor bias = w.size() > n ? OptTensor(w[n]) : std::nullopt;
+  at::Tensor y = at::empty({x.size(0), w[0].size(0)}, x.options());
+  if (codes)
+    ops().quant_gemv.call(y, x, w[0], w[1], bias);
+  else
+    ops().gemv.call(y, x, w[0], bias);
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> decode_layer(
+    const at::Tensor& x, const OptTensor& residual, const at::Tensor& input_norm, const at::Tensor& post_norm,
+    double eps, const std::vector<at::Tensor>& qkv_proj, const std::vector<at::Tensor>& o_proj,
+    const std::vector<at::Tensor>& gate_up_proj, const std::vector<at::Tensor>& down_proj, int64_t num_heads,
+    int64_t num_kv_heads, const at::Tensor& positions, const at::Tensor& cos_sin_cache, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+    const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layer: x must be (T, hidden) contiguous");
+  const int64_t T = x.size(0), hd = k_cache.size(3);
+  const int64_t q_size = num_heads * hd, kv_size = num_kv_heads * hd;
+  // the input norm: the first layer keeps x as the residual stream, later ones add it in
+  at::Tensor h = at::empty_like(x), stream = x;
+  if (residual) {
+    stream = at::empty_like(x);
+    ops().rms_norm.call(h, x, input_norm, eps, residual, stream);
+  } else {
+    ops().rms_norm.call(h, x, input_norm, eps, std::nullopt, std::nullopt);
+  }
+  // attention: views into the fused qkv output, rotated and cached in place
+  const at::Tensor qkv = linear(h, qkv_proj);
+  const at::Tensor q = qkv.narrow(1, 0, q_size).view({T, num_heads, hd});
+  const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, hd});
+  const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, hd});
+  ops().rope.call(positions, q, k, cos_sin_cache);
+  ops().cache.call(k, v, k_cache, v_cache, slot_mapping);
+  const at::Tensor o = at::empty({T, num_heads, hd}, x.options());
+  ops().attention.call(q, o, k_cache, v_cache, block_tables, seq_lens, scale, 1.0, 1.0);
+  const at::Tensor attn_out = linear(o.view({T, q_size}), o_proj);
+  // the post-attention norm adds the residual stream; then the MLP
+  const at::Tensor h2 = at::empty_like(x), stream2 = at::empty_like(x);
+  ops().rms_norm.call(h2, attn_out, post_norm, eps, stream, stream2);
+  const at::Tensor gate_up = linear(h2, gate_up_proj);
+  const at::Tensor act = at::empty({T, gate_up.size(1) / 2}, x.options());
+  ops().silu_and_mul.call(act, gate_up);
+  return {linear(act, down_proj), stream2};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(nanoserve_cpu, m) {
+  m.def("decode_layer(Tensor x, Tensor? residual, Tensor input_norm, Tensor post_norm, float eps, "
+        "Tensor[] qkv_proj, Tensor[] o_proj, Tensor[] gate_up_proj, Tensor[] down_proj, int num_heads, "
+        "int num_kv_heads, Tensor positions, Tensor cos_sin_cache, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, float scale) -> (Tensor, Tensor)",
+        &decode_layer);
+}

@@ -1,0 +1,93 @@
+"""cpu_decode_layer: a decode step's decoder layer in one C++ call equals the op-by-op path bit for
+bit (its output, the residual stream and the KV cache it writes), wherever it runs, and steps
+aside (returns None) where a step or a layer needs other kernels."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from nanoserve import LLM, EngineConfig, ModelConfig, SamplingParams
+from nanoserve.kernels import cpu_decode_layer, kernel_ops, use_kernels
+
+SHAPE = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19], [20, 21]]
+
+
+@pytest.fixture(autouse=True)
+def need_cpu_ops(cpu_ops):
+    if not cpu_ops:
+        pytest.skip("the C++ CPU ops did not build here")
+
+
+def checked_engine(llm, seen: list):
+    """Every call of the model's decode_layer also runs the layer op by op on a copy of the KV
+    cache; the op-by-op result goes on. `seen`: (tokens, fused?, both agree exactly?), recorded
+    rather than asserted here: the engine turns an exception in a step into failed requests."""
+    ops = llm.engine.executor.model.layers[0].ops
+    fused_fn = ops.decode_layer
+
+    def check(layer, positions, x, residual, kv_cache, attn, cos_sin):
+        copy = tuple(c.clone() for c in kv_cache)
+        fused = fused_fn(layer, positions, x, residual, copy, attn, cos_sin)
+        plain_ops, layer.ops = layer.ops, kernel_ops(layer.ops)  # the same kernels, no decode_layer
+        try:
+            out = layer(positions, x, residual, kv_cache, attn, cos_sin)
+        finally:
+            layer.ops = plain_ops
+        same = fused is None or (torch.equal(fused[0], out[0]) and torch.equal(fused[1], out[1])
+                                 and all(torch.equal(a, b) for a, b in zip(copy, kv_cache)))
+        seen.append((x.shape[0], fused is not None, same))
+        return out
+    ops.decode_layer = check
+    return ops, fused_fn
+
+
+@pytest.mark.parametrize("dtype,quantization,bias", [
+    ("float32", None, False), ("bfloat16", None, False), ("bfloat16", "int8", False),
+    ("float32", "fp8", False), ("bfloat16", None, True)])
+def test_a_decode_layer_in_one_call_equals_the_op_by_op_path(dtype, quantization, bias):
+    llm = LLM(replace(SHAPE, attention_bias=bias), device="cpu", dtype=dtype,
+              config=EngineConfig(quantization=quantization))
+    seen = []
+    ops, fused_fn = checked_engine(llm, seen)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    try:
+        outs = [o for batch in (PROMPTS[:1], PROMPTS[:2], PROMPTS[:3]) for o in llm.generate(batch, params)]
+    finally:
+        ops.decode_layer = fused_fn
+    assert all(o.finish_reason == "length" for o in outs)
+    assert all(same for _, _, same in seen)
+    assert {t for t, f, _ in seen if f} == {1, 2}  # batch 1 and 2 decode steps ran it
+    assert not any(f for t, f, _ in seen if t > cpu_decode_layer.MAX_ROWS)  # prefills, batch 3: op by op
+
+
+def test_enforce_eager_and_a_learners_kernel_run_op_by_op_with_the_same_tokens():
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    fused = LLM(SHAPE, device="cpu", dtype="bfloat16")
+    eager = LLM(SHAPE, device="cpu", dtype="bfloat16", config=EngineConfig(enforce_eager=True))
+    assert fused.engine.executor.model.layers[0].ops.decode_layer is cpu_decode_layer.decode_layer
+    assert not hasattr(eager.engine.executor.model.layers[0].ops, "decode_layer")
+    for batch in (PROMPTS[:1], PROMPTS[:2]):
+        assert ([o.token_ids for o in fused.generate(batch, params)] ==
+                [o.token_ids for o in eager.generate(batch, params)])
+    use_kernels(fused)  # a namespace built for a learner's kernel has no fused layer to skip it
+    assert not hasattr(fused.engine.executor.model.layers[0].ops, "decode_layer")
+
+
+@pytest.mark.parametrize("case", ["fp8 cache", "qk_norm"])
+def test_layers_the_op_cannot_take_run_op_by_op(case):
+    cfg, config = SHAPE, EngineConfig()
+    if case == "fp8 cache":  # the write quantizes the reference's way
+        config = EngineConfig(kv_cache_dtype="fp8")
+    else:  # Qwen3's norms on q and k run between the qkv linear and rotary
+        cfg = replace(SHAPE, qk_norm=True)
+    llm = LLM(cfg, device="cpu", dtype="bfloat16", config=config)
+    seen = []
+    ops, fused_fn = checked_engine(llm, seen)
+    try:
+        llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    finally:
+        ops.decode_layer = fused_fn
+    assert seen and not any(f for _, f, _ in seen)
