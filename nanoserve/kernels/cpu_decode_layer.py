@@ -9,9 +9,10 @@ gives them, so the output is the op-by-op path's, bit for bit. It returns None, 
 runs op by op, for anything else:
 - a step with more than MAX_ROWS tokens, or any query of more than one token (a prefill chunk, a
   speculative verify): their linears and attention take other kernels;
-- a layer whose linears are not on the CPU GEMVs (cpu_gemm.PackedLinear with its dense copy,
-  cpu_quant_gemm.QuantizedCpuLinear), with RMSNorm on q and k (Qwen3), or a cache in another
-  dtype than the activations (fp8: the write quantizes in the reference's way).
+- a layer whose linears would not run the CPU GEMVs at these rows (`gemv_operands` of
+  cpu_gemm.PackedLinear and cpu_quant_gemm.QuantizedCpuLinear says), with RMSNorm on q and k
+  (Qwen3), or a cache in another dtype than the activations (fp8: the write quantizes in the
+  reference's way).
 Only the CPU backend's kernel namespace holds it (kernels.get_ops): a namespace with a kernel of
 the learner's (kernel_ops, use_kernels) has none, so their kernel always runs.
 """
@@ -22,9 +23,6 @@ import weakref
 
 import torch
 
-from nanoserve.kernels.cpu_gemm import PackedLinear
-from nanoserve.kernels.cpu_quant_gemm import ACTIVATION_DTYPES, QuantizedCpuLinear
-
 MAX_ROWS = 2  # every linear kind runs its GEMV up to two rows (cpu_gemm, cpu_quant_gemm)
 
 # layer -> {activation dtype: its four linears' tensors as the op takes them, or None}
@@ -33,15 +31,9 @@ _linears: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _linear(m, dtype: torch.dtype) -> list[torch.Tensor] | None:
     """A linear's tensors for the op ([weight(, bias)] or [codes, scales(, bias)]), if the module
-    would run its GEMV on `dtype` activations of up to MAX_ROWS rows; else None."""
-    bias = [] if m.bias is None else [m.bias]
-    if m.bias is not None and m.bias.dtype != dtype:
-        return None
-    if isinstance(m, QuantizedCpuLinear):
-        return [m.qweight, m.weight_scale, *bias] if dtype in ACTIVATION_DTYPES else None
-    if isinstance(m, PackedLinear) and m.gemv and m.dense.dtype == dtype:
-        return [m.dense, *bias]
-    return None
+    runs its GEMV on `dtype` activations of up to MAX_ROWS rows (the module says); else None."""
+    operands = m.gemv_operands(dtype, MAX_ROWS) if hasattr(m, "gemv_operands") else None
+    return None if operands is None else [t for t in operands if t is not None]
 
 
 def _layer_linears(layer, dtype: torch.dtype):

@@ -124,11 +124,17 @@ class PackedLinear(nn.Module):
     def from_linear(cls, m: nn.Linear, keep_dense: bool = True) -> PackedLinear:
         return cls(m.weight, m.bias, keep_dense)
 
+    def gemv_operands(self, x_dtype: torch.dtype, rows: int) -> tuple | None:
+        """(weight, bias) the GEMV takes for `rows` rows of activations, or None where forward
+        runs another path (cpu_decode_layer asks too)."""
+        return (self.dense, self.bias) if self.gemv and rows <= GEMV_ROWS else None
+
     def forward(self, x):
         rows = x.numel() // x.shape[-1]
-        if self.gemv and rows <= GEMV_ROWS:
+        operands = self.gemv_operands(x.dtype, rows)
+        if operands is not None:
             y = x.new_empty(rows, self.out_features)
-            torch.ops.nanoserve_cpu.gemv(y, x.reshape(rows, -1).contiguous(), self.dense, self.bias)
+            torch.ops.nanoserve_cpu.gemv(y, x.reshape(rows, -1).contiguous(), *operands)
             return y.view(*x.shape[:-1], self.out_features)
         if self.compute == self.dtype:
             return linear(x, self.packed, self.bias)

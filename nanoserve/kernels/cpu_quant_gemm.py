@@ -73,17 +73,29 @@ class QuantizedCpuLinear(nn.Module):
                          and self.in_features % 32 == 0)
         self.scales = {}  # the per-channel scales in each activation dtype, for _weight_int8pack_mm
 
+    def _runs_on(self, x_dtype: torch.dtype) -> bool:
+        """Do the C++ paths take these activations (else the reference)?"""
+        return x_dtype in ACTIVATION_DTYPES and (self.bias is None or self.bias.dtype == x_dtype)
+
+    def _int8pack(self, x_dtype: torch.dtype, rows: int) -> bool:
+        return self.int8pack and x_dtype == torch.bfloat16 and rows <= INT8PACK_ROWS
+
+    def gemv_operands(self, x_dtype: torch.dtype, rows: int) -> tuple | None:
+        """(codes, scales, bias) the GEMV over codes takes for `rows` rows of activations, or None
+        where forward runs another path (cpu_decode_layer asks too)."""
+        few = rows <= 2 or (rows <= GEMV_ROWS and not self._int8pack(x_dtype, rows))
+        return (self.qweight, self.weight_scale, self.bias) if few and self._runs_on(x_dtype) else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype not in ACTIVATION_DTYPES or (self.bias is not None and self.bias.dtype != x.dtype):
+        if not self._runs_on(x.dtype):
             return quantized_linear(x, self.qweight, self.weight_scale, self.bias)
         rows = x.numel() // x.shape[-1]
-        int8pack = self.int8pack and x.dtype == torch.bfloat16 and rows <= INT8PACK_ROWS
-        if rows <= 2 or (rows <= GEMV_ROWS and not int8pack):
+        operands = self.gemv_operands(x.dtype, rows)
+        if operands is not None:
             y = x.new_empty(rows, self.out_features)
-            torch.ops.nanoserve_cpu.quant_gemv(y, x.reshape(rows, -1).contiguous(), self.qweight,
-                                               self.weight_scale, self.bias)
+            torch.ops.nanoserve_cpu.quant_gemv(y, x.reshape(rows, -1).contiguous(), *operands)
             return y.view(*x.shape[:-1], self.out_features)
-        if int8pack:
+        if self._int8pack(x.dtype, rows):
             scale = self.scales.get(x.dtype)
             if scale is None:
                 scale = self.scales[x.dtype] = self.weight_scale[:, 0].to(x.dtype)

@@ -28,7 +28,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from nanoserve.course.setup import Table, device_kind, fresh_engine, load_llm, random_prompt
-from nanoserve.kernels import cpu_decode_layer
 from nanoserve.measure.workload import greedy_params
 
 PHASES = ("scheduling", "input preparation", "forward", "sampling", "outputs")
@@ -49,7 +48,7 @@ class HostSplit:
     # timed step less the median of the ops' own time in a profiled one (0 where noise says less)
     forward_python_ms: float | None = None
     eager: bool = False  # loaded with enforce_eager=True: every kernel called one by one
-    fused: bool = False  # CPU: each layer's kernels ran in one call (kernels/cpu_decode_layer.py)
+    fused: bool = False  # CPU: the profiled steps ran each layer as one op (kernels/cpu_decode_layer.py)
 
     @property
     def forward_ops_ms(self) -> float | None:
@@ -85,6 +84,7 @@ class _Timed:
 
 
 FORWARD, STEP = "nanoserve::forward", "nanoserve::step"  # the profiler's ranges
+FUSED_LAYER = "nanoserve_cpu::decode_layer"  # the op of kernels/cpu_decode_layer.py
 
 
 def _ranges(event):
@@ -114,9 +114,9 @@ def _no_stderr():
         os.close(saved)
 
 
-def _forward_ops_ms(engine, runner, steps: int) -> float:
-    """Median ms per decode step of the ops' own (self) time inside the forward and lm_head, from
-    torch.profiler over `steps` more decode steps."""
+def _forward_ops_ms(engine, runner, steps: int) -> tuple[float, bool]:
+    """(median ms per decode step of the ops' own (self) time inside the forward and lm_head,
+    whether the layers ran as one op each), from torch.profiler over `steps` more decode steps."""
     def ranged(fn):
         def call(*args, **kwargs):
             with record_function(FORWARD):
@@ -131,13 +131,14 @@ def _forward_ops_ms(engine, runner, steps: int) -> float:
                     engine.step()
     finally:
         runner.forward, runner.model.compute_logits = forward, logits
-    per_step = {}  # id of a step's range -> its ops' self microseconds
+    per_step, fused = {}, False  # id of a step's range -> its ops' self microseconds
     for e in prof.events():
+        fused = fused or e.name == FUSED_LAYER
         if e.name not in (FORWARD, STEP):
             forward, step = _ranges(e)
             if forward is not None and step is not None:
                 per_step[id(step)] = per_step.get(id(step), 0.0) + e.self_cpu_time_total
-    return float(np.median(list(per_step.values()))) / 1e3 if per_step else 0.0
+    return (float(np.median(list(per_step.values()))) / 1e3 if per_step else 0.0), fused
 
 
 def host_split(llm, batch: int, context: int, steps: int = 8, seed: int = 0) -> HostSplit:
@@ -150,8 +151,6 @@ def host_split(llm, batch: int, context: int, steps: int = 8, seed: int = 0) -> 
         raise ValueError(f"host_split times a real model; {type(runner).__name__} runs none")
     cuda = runner.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    ops = next(m.ops for m in runner.model.modules() if "ops" in vars(m))
-    fused = getattr(ops, "decode_layer", None) is not None and batch <= cpu_decode_layer.MAX_ROWS
     rng = np.random.default_rng(seed)
     ids = [engine.add_request(random_prompt(engine, context, rng), greedy_params(2 * steps + 2 * batch + 2))
            for _ in range(batch)]
@@ -181,9 +180,10 @@ def host_split(llm, batch: int, context: int, steps: int = 8, seed: int = 0) -> 
         sync()
         total = time.perf_counter() - t
         spent = dict(spent)  # the timers keep counting while the profiled steps run
-        python_ms = None
+        python_ms, fused = None, False
         if not cuda and runner.graphs is None:  # a replayed graph has no Python between its ops
-            python_ms = 1e3 * float(np.median(forwards)) - _forward_ops_ms(engine, runner, steps)
+            ops_ms, fused = _forward_ops_ms(engine, runner, steps)
+            python_ms = 1e3 * float(np.median(forwards)) - ops_ms
             python_ms = min(max(python_ms, 0.0), 1e3 * spent["forward"] / steps)
     finally:
         for name in wrapped:
@@ -213,7 +213,7 @@ def host_table(splits: list[HostSplit], title: str = "") -> Table:
 def eager_on_off(model: str, batches, context: int, steps: int = 8, device: str | None = None,
                  **config) -> list[HostSplit]:
     """The same decode steps as the engine runs them by default (CUDA graphs on CUDA; on a CPU
-    each layer's kernels in one call at up to cpu_decode_layer.MAX_ROWS sequences) and with
+    each layer's kernels in one call at a few sequences, kernels/cpu_decode_layer.py) and with
     enforce_eager=True (every kernel called one by one from Python), each on its own load of
     `model` (graphs are captured at load time)."""
     out = []
