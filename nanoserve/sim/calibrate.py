@@ -16,7 +16,7 @@ from nanoserve.config import ModelConfig
 from nanoserve.engine import StepRecord
 from nanoserve.measure.fit import fit_relative
 from nanoserve.measure.roofline import dtype_bytes, step_cost
-from nanoserve.sim.simulator import CostModel
+from nanoserve.sim.simulator import CostModel, step_kind
 
 
 @dataclass
@@ -44,7 +44,8 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
     least absolute deviation, coefficients kept >= 0): short decode steps count as much as
     long prefills, and the fit follows the typical step rather than the noise, which on a
     shared machine only ever slows steps down. The residuals (measured minus fitted seconds,
-    kept apart for decode-only steps and steps with prefill, whose noise differs, each with
+    kept apart by step_kind (steps with prefill, decode steps of a few sequences, the other
+    decode steps), whose noise and fit error differ, each with
     its fitted time) stay with the model: the simulator adds to each step the residual of a
     measured step of about its size, so its tails carry this machine's noise
     (replace(cost_model, residuals={}) for a noiseless model).
@@ -65,15 +66,15 @@ def calibrate(trace: Sequence[StepRecord], model_config: ModelConfig, dtype: str
     coef = fit_relative(x, t, robust_iterations=20)
     pred = x @ coef
     res = t - pred
-    prefill = np.asarray([s.num_prefill_tokens > 0 for s in trace])
+    kinds = np.asarray([step_kind(s.num_prefill_tokens, len(s.batch())) for s in trace])
 
     def by_fitted_time(m):  # (fitted, residual) seconds of the steps m selects
         # by fitted time only: tied steps keep run order, not the order of their residuals
         return tuple(sorted(zip(pred[m].tolist(), res[m].tolist()), key=lambda s: s[0]))
 
-    # a kind the run never had borrows the other's residuals
+    # a kind the run never had borrows the others' residuals
     residuals = {k: by_fitted_time(m if m.any() else ~m)
-                 for k, m in (("prefill", prefill), ("decode", ~prefill))}
+                 for k, m in ((k, kinds == k) for k in ("prefill", "few", "decode"))}
     cm = CostModel(*coef, combine="sum", dtype=dtype, label=label, residuals=residuals,
                    min_ratio=float((t / pred).min()))
     rel = np.abs(res) / t

@@ -45,6 +45,7 @@ from nanoserve.outputs import RequestOutput
 from nanoserve.sim.devices import DeviceProfile, num_kv_blocks
 
 NEIGHBOURS = 16  # measured steps a simulated step draws its noise from
+FEW_ROWS = 2  # decode steps of up to this many sequences: the CPU backend's one call a layer
 TIE = 1e-9  # modelled times this close (relative) are one time computed in a different order
 
 
@@ -61,7 +62,7 @@ class CostModel:
     dtype: str = "bfloat16"
     label: str = ""  # where the numbers come from
     # measured noise (calibrate): (modelled seconds, residual seconds) of each measured step of
-    # a kind, "decode" (decode-only steps) or "prefill" (any prefill token), by modelled time.
+    # a kind (step_kind: "prefill", "few" or "decode"), by modelled time.
     # Each simulated step adds the residual of one of the NEIGHBOURS measured steps of its kind
     # nearest it in modelled time, but never runs faster than min_ratio of its modelled time.
     # Empty: no noise.
@@ -110,6 +111,13 @@ class CostModel:
         return (f"{self.overhead * 1e3:.3f} ms + {self.per_seq * 1e6:.1f} us/seq + {op}(bytes at "
                 f"{rate(self.s_byte, 'GB/s', 1e9)}, FLOPs at {rate(self.s_flop, 'TFLOP/s', 1e12)}, "
                 f"attention at {rate(self.s_attn, 'TFLOP/s', 1e12)})  [{self.label}]")
+
+
+def step_kind(num_prefill_tokens: int, num_seqs: int) -> str:
+    """Which measured steps a step's noise comes from: "prefill" (any prefill token), "few" (a
+    decode step of up to FEW_ROWS sequences, which the CPU backend runs a layer per call:
+    kernels/cpu_decode_layer.py, a saving no cost feature sees) or "decode"."""
+    return "prefill" if num_prefill_tokens else "few" if num_seqs <= FEW_ROWS else "decode"
 
 
 class SimClock:
@@ -162,7 +170,7 @@ class SimExecutor(Executor):
         t = cm.step_time(step_cost(self.model_config, batch, self.dtype_bytes,
                                    self.kv_cache_dtype.itemsize), len(batch))
         if cm.residuals:
-            t = cm.noisy_step_time(t, "prefill" if out.num_prefill_tokens else "decode", self.rng)
+            t = cm.noisy_step_time(t, step_kind(out.num_prefill_tokens, len(batch)), self.rng)
         self.clock.now += t
         return {s.request_id: self.token for s in out.seqs if s.sample}
 
