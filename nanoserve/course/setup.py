@@ -146,7 +146,7 @@ SIZES: dict[str, dict[str, dict]] = {
     # interleaved rounds); graph_batches: CUDA graphs on and off (all within the default capture
     # sizes); pre_*: the preemption study's requests
     # graph_kv_bytes: each graphs-on/off load's own KV pool, beside the lesson's loaded model
-    "11": {"quick": dict(batches=(1, 8), context=32, steps=6, rounds=3, graph_batches=(1, 8),
+    "11": {"quick": dict(batches=(1, 16), context=32, steps=6, rounds=3, graph_batches=(1, 16),
                          graph_kv_bytes=2**28, pre_requests=8, pre_prompt=32, pre_tokens=32),
            "cpu": dict(batches=(1, 16), context=128, steps=6, rounds=3, graph_batches=(1, 16),
                        graph_kv_bytes=2**30, pre_requests=16, pre_prompt=64, pre_tokens=48),

@@ -5,8 +5,8 @@ rotary_embedding, reshape_and_cache, paged_attention and silu_and_mul (the MLP's
 with identical signatures: Triton on CUDA when triton is installed (it is Linux-only); on a CPU
 the five in C++ (cpu_attention.py, cpu_layer_ops.py: each the reference's arithmetic in one
 call) where those ops build (cpu_build.py); the torch reference (reference.py, the
-specification) elsewhere. The CPU namespace also has `decode_layer`: at a decode step's few
-rows, a layer's kernels called from C++ in one call (cpu_decode_layer.py; off with
+specification) elsewhere. The CPU namespace also has `decode_layer`: at a step of a few
+tokens, a layer's kernels called from C++ in one call (cpu_decode_layer.py; off with
 `EngineConfig(enforce_eager=True)`). `NANOSERVE_KERNELS=reference|cpu|triton` overrides
 (triton on a CPU needs TRITON_INTERPRET=1 set before the first import, and is very slow).
 

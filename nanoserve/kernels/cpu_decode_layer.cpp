@@ -1,12 +1,14 @@
-// A whole decoder layer's decode step in one call: the same C++ ops, in the same order and on the
-// same shapes, that model/llama.py's DecoderLayer calls one by one from Python.
+// A whole decoder layer's step of a few tokens in one call: the same C++ ops, in the same order and
+// on the same shapes, that model/llama.py's DecoderLayer calls one by one from Python.
 //
 // At batch 1 a layer is some fifteen small op calls (two norms, four linears, rotary, the cache
 // write, attention, the activation), and on a CPU the Python between them (module calls, the
 // kernels' wrappers, dispatch) costs about as much as a thin layer's weight read
 // (benchmarks/batch1_host_work.py). Here the calls go from C++ through torch's dispatcher: the
 // arithmetic is the ops' own, so the output equals the op-by-op path's bit for bit
-// (cpu_decode_layer.py says which layers and steps take it).
+// (cpu_decode_layer.py says which layers and steps take it). Attention takes every token as a row
+// of its own, with its sequence's block table and its causal length, as cpu_attention.py gives a
+// speculative verify's rows to the decode op.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -57,13 +59,19 @@ const Ops& ops() {
 }
 
 // A linear as cpu_gemm.py / cpu_quant_gemm.py run it for a few rows: [weight] or [weight, bias]
-// for the float GEMV, [codes, scales] or [codes, scales, bias] for the GEMV over 8-bit codes.
+// for the float GEMV; [codes, scales] or [codes, scales, bias] for the GEMV over 8-bit codes
+// (scales fp32, a column per group), or for torch's weight-only int8 matmul (scales a vector in the
+// activations' dtype: int8 codes a scale per channel from three rows of bf16 activations).
 at::Tensor linear(const at::Tensor& x, const std::vector<at::Tensor>& w) {
   const bool codes = w.at(0).scalar_type() == at::kChar || w[0].scalar_type() == at::kFloat8_e4m3fn;
   const size_t n = codes ? 2 : 1;
   TORCH_CHECK(w.size() == n || w.size() == n + 1, "decode_layer: a linear is [weight(, bias)] or "
               "[codes, scales(, bias)], got ", w.size(), " tensors");
   const OptTensor bias = w.size() > n ? OptTensor(w[n]) : std::nullopt;
+  if (codes && w[1].dim() == 1) {
+    const at::Tensor y = at::_weight_int8pack_mm(x, w[0], w[1]);
+    return bias ? y + *bias : y;
+  }
   at::Tensor y = at::empty({x.size(0), w[0].size(0)}, x.options());
   if (codes)
     ops().quant_gemv.call(y, x, w[0], w[1], bias);
@@ -77,8 +85,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     double eps, const std::vector<at::Tensor>& qkv_proj, const std::vector<at::Tensor>& o_proj,
     const std::vector<at::Tensor>& gate_up_proj, const std::vector<at::Tensor>& down_proj, int64_t num_heads,
     int64_t num_kv_heads, const at::Tensor& positions, const at::Tensor& cos_sin_cache, const at::Tensor& k_cache,
-    const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-    const at::Tensor& seq_lens, double scale) {
+    const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& row_tables,
+    const at::Tensor& row_lens, double scale) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layer: x must be (T, hidden) contiguous");
   const int64_t T = x.size(0), hd = k_cache.size(3);
   const int64_t q_size = num_heads * hd, kv_size = num_kv_heads * hd;
@@ -98,7 +106,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
   ops().rope.call(positions, q, k, cos_sin_cache);
   ops().cache.call(k, v, k_cache, v_cache, slot_mapping);
   const at::Tensor o = at::empty({T, num_heads, hd}, x.options());
-  ops().attention.call(q, o, k_cache, v_cache, block_tables, seq_lens, scale, 1.0, 1.0);
+  ops().attention.call(q, o, k_cache, v_cache, row_tables, row_lens, scale, 1.0, 1.0);
   const at::Tensor attn_out = linear(o.view({T, q_size}), o_proj);
   // the post-attention norm adds the residual stream; then the MLP
   const at::Tensor h2 = at::empty_like(x), stream2 = at::empty_like(x);
@@ -115,6 +123,6 @@ TORCH_LIBRARY_FRAGMENT(nanoserve_cpu, m) {
   m.def("decode_layer(Tensor x, Tensor? residual, Tensor input_norm, Tensor post_norm, float eps, "
         "Tensor[] qkv_proj, Tensor[] o_proj, Tensor[] gate_up_proj, Tensor[] down_proj, int num_heads, "
         "int num_kv_heads, Tensor positions, Tensor cos_sin_cache, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, float scale) -> (Tensor, Tensor)",
+        "Tensor slot_mapping, Tensor row_tables, Tensor row_lens, float scale) -> (Tensor, Tensor)",
         &decode_layer);
 }

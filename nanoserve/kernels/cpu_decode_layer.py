@@ -1,18 +1,20 @@
-"""A decoder layer's decode step in one C++ call on a CPU (cpu_decode_layer.cpp).
+"""A decoder layer's step of a few tokens in one C++ call on a CPU (cpu_decode_layer.cpp).
 
 At batch 1 on a CPU, the Python between a layer's small ops (module calls, the kernels' wrappers,
 dispatch) costs about as much as the weight read of a thin layer: lesson 11 measures it, and on a
 30-layer model it is what a runtime that runs its whole graph natively saves
 (benchmarks/batch1_host_work.py). Where a step and a layer allow it, `decode_layer` runs the
 layer's ops from C++ instead: the same ops, in the order and on the shapes DecoderLayer.forward
-gives them, so the output is the op-by-op path's, bit for bit. It returns None, and the layer
-runs op by op, for anything else:
-- a step with more than MAX_ROWS tokens, or any query of more than one token (a prefill chunk, a
-  speculative verify): their linears and attention take other kernels;
-- a layer whose linears would not run the CPU GEMVs at these rows (`gemv_operands` of
-  cpu_gemm.PackedLinear and cpu_quant_gemm.QuantizedCpuLinear says), with RMSNorm on q and k
-  (Qwen3), or a cache in another dtype than the activations (fp8: the write quantizes in the
-  reference's way).
+gives them, so the output is the op-by-op path's, bit for bit. That covers a step of up to
+MAX_ROWS tokens: decodes of up to that many sequences, and a speculative verify's rows, which
+attention takes a row at a time with their causal lengths as cpu_attention.few_query_rows does.
+It returns None, and the layer runs op by op, for anything else:
+- a step of more than MAX_ROWS tokens (a prefill chunk, a large batch): its linears take a
+  matmul and attention SDPA;
+- a layer whose linears would not run a GEMV (`gemv_operands` of cpu_gemm.PackedLinear and
+  cpu_quant_gemm.QuantizedCpuLinear) or torch's int8 matmul (`int8pack_operands`) at these rows,
+  with RMSNorm on q and k (Qwen3), or a cache in another dtype than the activations (fp8: the
+  write quantizes in the reference's way).
 Only the CPU backend's kernel namespace holds it (kernels.get_ops): a namespace with a kernel of
 the learner's (kernel_ops, use_kernels) has none, so their kernel always runs.
 """
@@ -23,38 +25,49 @@ import weakref
 
 import torch
 
-MAX_ROWS = 2  # every linear kind runs its GEMV up to two rows (cpu_gemm, cpu_quant_gemm)
+from nanoserve.kernels.cpu_attention import MULTI_QUERY_ROWS
+from nanoserve.kernels.cpu_gemm import GEMV_ROWS
 
-# layer -> {activation dtype: its four linears' tensors as the op takes them, or None}
+MAX_ROWS = min(GEMV_ROWS, MULTI_QUERY_ROWS)  # tokens a step: each linear a GEMV, each row one attention row
+
+# layer -> {(activation dtype, rows): its four linears' tensors as the op takes them, or None}
 _linears: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _linear(m, dtype: torch.dtype) -> list[torch.Tensor] | None:
+def _linear(m, dtype: torch.dtype, rows: int) -> list[torch.Tensor] | None:
     """A linear's tensors for the op ([weight(, bias)] or [codes, scales(, bias)]), if the module
-    runs its GEMV on `dtype` activations of up to MAX_ROWS rows (the module says); else None."""
-    operands = m.gemv_operands(dtype, MAX_ROWS) if hasattr(m, "gemv_operands") else None
+    runs its GEMV, or torch's int8 matmul, on `rows` rows of `dtype` activations (the module
+    says); else None."""
+    operands = m.gemv_operands(dtype, rows) if hasattr(m, "gemv_operands") else None
+    if operands is None and hasattr(m, "int8pack_operands"):
+        operands = m.int8pack_operands(dtype, rows)
     return None if operands is None else [t for t in operands if t is not None]
 
 
-def _layer_linears(layer, dtype: torch.dtype):
+def _layer_linears(layer, dtype: torch.dtype, rows: int):
     known = _linears.setdefault(layer, {})
-    if dtype not in known:
+    if (dtype, rows) not in known:
         attn, mlp = layer.self_attn, layer.mlp
-        parts = [_linear(m, dtype) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-        known[dtype] = None if None in parts or hasattr(attn, "q_norm") or attn.head_dim % 8 else parts
-    return known[dtype]
+        parts = [_linear(m, dtype, rows)
+                 for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        known[dtype, rows] = None if None in parts or hasattr(attn, "q_norm") or attn.head_dim % 8 else parts
+    return known[dtype, rows]
 
 
-def _step_inputs(attn, positions: torch.Tensor, tokens: int):
-    """This step's positions, slots, block tables and lengths as the ops take them, when every
-    token is its own sequence's one query; else None. Once per step, for every layer."""
+def _step_inputs(attn, positions: torch.Tensor):
+    """This step's positions and slots, and each token's block table and causal length (the
+    attention row it is), as the ops take them; None where the step has no cache slots. Once per
+    step, for every layer."""
     if "decode_layer" not in attn.derived:
-        qsl, _ = attn.host_offsets()
-        one_each = len(qsl) - 1 == tokens and attn.decode_count(qsl) == tokens
+        qsl, lens = attn.host_offsets()
+        n = [qsl[i + 1] - qsl[i] for i in range(len(lens))]  # query tokens of each sequence
+        row_seq = torch.tensor([i for i, k in enumerate(n) for _ in range(k)], device=positions.device)
+        row_lens = torch.tensor([lens[i] - k + 1 + j for i, k in enumerate(n) for j in range(k)],
+                                dtype=torch.int32, device=positions.device)
         attn.derived["decode_layer"] = (
             positions.long().contiguous(), attn.slot_mapping.long().contiguous(),
-            attn.block_tables.int().contiguous(), attn.seq_lens.int().contiguous(),
-        ) if one_each and attn.slot_mapping is not None else None
+            attn.block_tables[row_seq].int().contiguous(), row_lens,
+        ) if attn.slot_mapping is not None else None
     return attn.derived["decode_layer"]
 
 
@@ -64,12 +77,12 @@ def decode_layer(layer, positions, x, residual, kv_cache, attn, cos_sin):
     if (x.shape[0] > MAX_ROWS or x.dim() != 2 or k_cache.dtype != x.dtype or not k_cache.is_contiguous()
             or not x.is_contiguous() or cos_sin.dtype != torch.float32):
         return None
-    linears = _layer_linears(layer, x.dtype)
-    step = _step_inputs(attn, positions, x.shape[0]) if linears is not None else None
+    linears = _layer_linears(layer, x.dtype, x.shape[0])
+    step = _step_inputs(attn, positions) if linears is not None else None
     if step is None:
         return None
-    pos, slots, tables, lens = step
+    pos, slots, row_tables, row_lens = step
     a = layer.self_attn
     return torch.ops.nanoserve_cpu.decode_layer(
         x, residual, layer.input_layernorm, layer.post_attention_layernorm, layer.eps, *linears,
-        a.num_heads, a.num_kv_heads, pos, cos_sin, k_cache, v_cache, slots, tables, lens, a.scale)
+        a.num_heads, a.num_kv_heads, pos, cos_sin, k_cache, v_cache, slots, row_tables, row_lens, a.scale)

@@ -86,6 +86,16 @@ class QuantizedCpuLinear(nn.Module):
         few = rows <= 2 or (rows <= GEMV_ROWS and not self._int8pack(x_dtype, rows))
         return (self.qweight, self.weight_scale, self.bias) if few and self._runs_on(x_dtype) else None
 
+    def int8pack_operands(self, x_dtype: torch.dtype, rows: int) -> tuple | None:
+        """(codes, scales in x_dtype, bias) torch's weight-only int8 matmul takes for `rows` rows
+        of activations, or None where forward runs another path (cpu_decode_layer asks too)."""
+        if rows <= 2 or not self._int8pack(x_dtype, rows) or not self._runs_on(x_dtype):
+            return None
+        scale = self.scales.get(x_dtype)
+        if scale is None:
+            scale = self.scales[x_dtype] = self.weight_scale[:, 0].to(x_dtype)
+        return self.qweight, scale, self.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._runs_on(x.dtype):
             return quantized_linear(x, self.qweight, self.weight_scale, self.bias)
@@ -95,12 +105,11 @@ class QuantizedCpuLinear(nn.Module):
             y = x.new_empty(rows, self.out_features)
             torch.ops.nanoserve_cpu.quant_gemv(y, x.reshape(rows, -1).contiguous(), *operands)
             return y.view(*x.shape[:-1], self.out_features)
-        if self._int8pack(x.dtype, rows):
-            scale = self.scales.get(x.dtype)
-            if scale is None:
-                scale = self.scales[x.dtype] = self.weight_scale[:, 0].to(x.dtype)
-            y = torch._weight_int8pack_mm(x.reshape(rows, -1).contiguous(), self.qweight, scale)
-            y = y if self.bias is None else y + self.bias
+        operands = self.int8pack_operands(x.dtype, rows)
+        if operands is not None:
+            codes, scale, bias = operands
+            y = torch._weight_int8pack_mm(x.reshape(rows, -1).contiguous(), codes, scale)
+            y = y if bias is None else y + bias
             return y.view(*x.shape[:-1], self.out_features)
         w = self.buffer.get((self.out_features, self.in_features), x.dtype)
         torch.ops.nanoserve_cpu.quant_dequantize(w, self.qweight, self.weight_scale)

@@ -45,7 +45,7 @@ from nanoserve.outputs import RequestOutput
 from nanoserve.sim.devices import DeviceProfile, num_kv_blocks
 
 NEIGHBOURS = 16  # measured steps a simulated step draws its noise from
-FEW_ROWS = 2  # decode steps of up to this many sequences: the CPU backend's one call a layer
+FEW_ROWS = 8  # decode steps of up to this many sequences: the CPU backend's one call a layer
 TIE = 1e-9  # modelled times this close (relative) are one time computed in a different order
 
 

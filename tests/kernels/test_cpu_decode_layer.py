@@ -1,6 +1,7 @@
-"""cpu_decode_layer: a decode step's decoder layer in one C++ call equals the op-by-op path bit for
-bit (its output, the residual stream and the KV cache it writes), wherever it runs, and steps
-aside (returns None) where a step or a layer needs other kernels."""
+"""cpu_decode_layer: a decoder layer's step of a few tokens in one C++ call equals the op-by-op path
+bit for bit (its output, the residual stream and the KV cache it writes), wherever it runs: decodes
+of up to MAX_ROWS sequences and speculative verifies; and it steps aside (returns None) where a
+step or a layer needs other kernels."""
 
 from dataclasses import replace
 
@@ -13,6 +14,7 @@ from nanoserve.kernels import cpu_decode_layer, kernel_ops, use_kernels
 SHAPE = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19], [20, 21]]
+MANY = [[30 + i, 40 + 2 * i, 50 + 3 * i, 60 + i] for i in range(9)]  # nine sequences: one past MAX_ROWS
 
 
 @pytest.fixture(autouse=True)
@@ -46,21 +48,53 @@ def checked_engine(llm, seen: list):
 
 @pytest.mark.parametrize("dtype,quantization,bias", [
     ("float32", None, False), ("bfloat16", None, False), ("bfloat16", "int8", False),
-    ("float32", "fp8", False), ("bfloat16", None, True)])
+    ("float32", "fp8", False), ("bfloat16", None, True), ("bfloat16", "int8", True)])
 def test_a_decode_layer_in_one_call_equals_the_op_by_op_path(dtype, quantization, bias):
     llm = LLM(replace(SHAPE, attention_bias=bias), device="cpu", dtype=dtype,
-              config=EngineConfig(quantization=quantization))
+              config=EngineConfig(quantization=quantization, max_num_seqs=16))
+    if bias:  # a random model's biases are zeros, which a dropped bias would not show
+        torch.manual_seed(0)
+        for layer in llm.engine.executor.model.layers:
+            layer.self_attn.qkv_proj.bias.data.normal_(0, 0.5)
     seen = []
     ops, fused_fn = checked_engine(llm, seen)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     try:
-        outs = [o for batch in (PROMPTS[:1], PROMPTS[:2], PROMPTS[:3]) for o in llm.generate(batch, params)]
+        outs = [o for batch in (PROMPTS[:1], PROMPTS[:2], PROMPTS[:3], MANY[:8], MANY)
+                for o in llm.generate(batch, params)]
     finally:
         ops.decode_layer = fused_fn
     assert all(o.finish_reason == "length" for o in outs)
     assert all(same for _, _, same in seen)
-    assert {t for t, f, _ in seen if f} == {1, 2}  # batch 1 and 2 decode steps ran it
-    assert not any(f for t, f, _ in seen if t > cpu_decode_layer.MAX_ROWS)  # prefills, batch 3: op by op
+    # decode steps of 1, 2, 3 and 8 sequences ran it (and prompts of up to MAX_ROWS tokens)
+    assert {1, 2, 3, 8} <= {t for t, f, _ in seen if f}
+    assert not any(f for t, f, _ in seen if t > cpu_decode_layer.MAX_ROWS)  # long prefills, batch 9
+
+
+@pytest.mark.parametrize("dtype,quantization", [("float32", None), ("bfloat16", "int8"), ("bfloat16", "fp8")])
+def test_a_speculative_verify_runs_in_one_call_with_the_op_by_op_tokens(dtype, quantization):
+    """A verify step's rows (the last token and the drafts of a sequence, beside other sequences'
+    decodes) run in one call a layer, each row attending to its causal length; the tokens equal
+    the plain engine's run op by op."""
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    prompts = [[7, 8, 9, 10, 7, 8, 9, 10, 7, 8, 9, 10, 7, 8], [11, 12, 13, 11, 12, 13, 11, 12]]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    llm = LLM(SHAPE, device="cpu", dtype=dtype,
+              config=EngineConfig(quantization=quantization, speculative_config=spec))
+    eager = LLM(SHAPE, device="cpu", dtype=dtype, config=EngineConfig(quantization=quantization,
+                                                                      enforce_eager=True))
+    seen = []
+    ops, fused_fn = checked_engine(llm, seen)
+    try:
+        outs = [llm.generate(batch, params) for batch in (prompts[:1], prompts)]
+    finally:
+        ops.decode_layer = fused_fn
+    assert all(same for _, _, same in seen)
+    assert any(f and t > 2 for t, f, _ in seen)  # verify steps (1 + drafts rows) took it
+    stats = llm.engine.scheduler.stats
+    assert stats.spec_decode_num_draft_tokens > 0 and stats.spec_decode_num_accepted_tokens > 0
+    for batch, out in zip((prompts[:1], prompts), outs):
+        assert [o.token_ids for o in out] == [o.token_ids for o in eager.generate(batch, params)]
 
 
 def test_enforce_eager_and_a_learners_kernel_run_op_by_op_with_the_same_tokens():

@@ -40,9 +40,12 @@ class DraftModelProposer(Proposer):
         if getattr(target, "device", None) is None:
             raise InvalidRequest("speculative_config", "method 'draft_model' needs a real target model "
                                                        f"(a ModelRunner), not {type(target).__name__}")
+        # on CUDA the draft runs eager (no second runner's graphs to capture); on a CPU its layers
+        # run in one call each, as the target's do, unless the target's are eager too
+        cuda = str(target.device).startswith("cuda")
         draft_config = dataclasses.replace(
             engine_config, num_kv_blocks=num_blocks, enable_prefix_caching=False, record_trace=False,
-            enforce_eager=True, max_model_len=None, speculative_config=None)
+            enforce_eager=cuda or engine_config.enforce_eager, max_model_len=None, speculative_config=None)
         self.runner = ModelRunner.load(config.model, str(target.device), target.dtype, 0, draft_config)
         draft_vocab, vocab = self.runner.model_config.vocab_size, target.model_config.vocab_size
         if draft_vocab != vocab:
