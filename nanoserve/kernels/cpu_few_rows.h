@@ -2,9 +2,11 @@
 // y = x W^T + b for a few rows of x, each thread a contiguous range of output rows.
 //
 // x is staged in fp32 once (a bf16 x widened), sums stay fp32 until y is written (the sum, then the
-// bias, rounded once). Past two rows, a thread's range goes in tiles of weight rows small enough
-// to stay in cache while each pair of x rows walks the tile, so DRAM still reads each weight once;
-// each x row is summed as it would be alone, so an output row does not depend on its neighbours.
+// bias, rounded once). A pass takes up to `per_pass` x rows (two, or four where a kernel's
+// accumulators fit the registers); past one pass, a thread's range goes in tiles of weight rows
+// small enough to stay in cache while each pass walks the tile, so DRAM still reads each weight
+// once; each x row is summed as it would be alone, so an output row does not depend on its
+// neighbours.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -22,12 +24,11 @@ namespace nanoserve {
 
 constexpr int64_t kTileBytes = 64 << 10;  // of weight rows: fits the L2 of any x86 core
 
-// run(m, x, y, r0, r1, pair): output rows [r0, r1) of row m of x, staged in fp32 at x (rows m and
-// m + 1, `in` apart, when pair), into y (two rows `out` apart); weight_row_bytes: one weight row
-// as stored
+// run(m, x, y, r0, r1, n): output rows [r0, r1) of rows m..m+n-1 of x (n <= per_pass), staged in
+// fp32 at x (`in` apart), into y (rows `out` apart); weight_row_bytes: one weight row as stored
 template <typename T, typename Run>
 void few_rows_linear(const at::Tensor& y, const at::Tensor& x, int64_t out, int64_t weight_row_bytes,
-                     const std::optional<at::Tensor>& bias, Run run) {
+                     const std::optional<at::Tensor>& bias, Run run, int64_t per_pass = 2) {
   const int64_t M = x.size(0), in = x.size(1);
   constexpr bool f32 = std::is_same_v<T, float>;
   std::vector<float> xf(f32 ? 0 : M * in), yf(f32 ? 0 : M * out);
@@ -35,12 +36,12 @@ void few_rows_linear(const at::Tensor& y, const at::Tensor& x, int64_t out, int6
   if constexpr (!f32) to_float(xp, xf.data(), M * in);
   const float* xv = f32 ? reinterpret_cast<const float*>(xp) : xf.data();
   float* yp = f32 ? static_cast<float*>(y.data_ptr()) : yf.data();
-  const int64_t tile = M <= 2 ? out : std::max<int64_t>(1, kTileBytes / weight_row_bytes);
+  const int64_t tile = M <= per_pass ? out : std::max<int64_t>(1, kTileBytes / weight_row_bytes);
   // 64 rows a task at least: fewer cost more to hand to a thread than to compute
   at::parallel_for(0, out, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t t0 = r0; t0 < r1; t0 += tile)
-      for (int64_t m = 0; m < M; m += 2)
-        run(m, xv + m * in, yp + m * out, t0, std::min(r1, t0 + tile), M - m >= 2);
+      for (int64_t m = 0; m < M; m += per_pass)
+        run(m, xv + m * in, yp + m * out, t0, std::min(r1, t0 + tile), std::min(per_pass, M - m));
   });
   T* yo = static_cast<T*>(y.data_ptr());
   const T* b = bias ? static_cast<const T*>(bias->const_data_ptr()) : nullptr;

@@ -86,7 +86,8 @@ void gemv_impl(const at::Tensor& y, const at::Tensor& x, const at::Tensor& weigh
   const T* w = static_cast<const T*>(weight.const_data_ptr());
   const T* xt = static_cast<const T*>(x.const_data_ptr());
   nanoserve::few_rows_linear<T>(y, x, out, in * static_cast<int64_t>(sizeof(T)), bias,
-                                [&](int64_t m, const float* xm, float* ym, int64_t r0, int64_t r1, bool pair) {
+                                [&](int64_t m, const float* xm, float* ym, int64_t r0, int64_t r1, int64_t n) {
+                                  const bool pair = n == 2;
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
                                   if constexpr (std::is_same_v<T, c10::BFloat16>)
                                     if (in % 64 == 0)

@@ -271,15 +271,26 @@ void gemv_impl(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, co
   const int64_t in = x.size(1), out = q.size(0), group = in / scale.size(1);
   const uint8_t* qp = static_cast<const uint8_t*>(q.const_data_ptr());
   const float* sp = scale.const_data_ptr<float>();
-  nanoserve::few_rows_linear<T>(y, x, out, in, bias,
-                                [&](int64_t m, const float* xm, float* ym, int64_t r0, int64_t r1, bool pair) {
 #if defined(WIDE16)
-                                  if (group % 64 == 0)  // four sixteen-wide chains a step, no rest
-                                    return (pair ? rows<Code, Lanes16, 2> : rows<Code, Lanes16, 1>)(
-                                        qp, sp, xm, ym, r0, r1, in, out, group);
+  // four sixteen-wide chains a step, no rest. fp8 codes go four x rows a pass (16 chains, 4 sums
+  // and 4 code vectors of the 32 registers), so each code's five-instruction widening serves four
+  // rows; int8's two-instruction one ran faster in pairs (benchmarks/results/few-rows-2026-12-04.md)
+  if (group % 64 == 0) {
+    constexpr int64_t per_pass = std::is_same_v<Code, Fp8Code> ? 4 : 2;
+    constexpr decltype(&rows<Code, Lanes16, 1>) by_rows[] = {rows<Code, Lanes16, 1>, rows<Code, Lanes16, 2>,
+                                                             rows<Code, Lanes16, 3>, rows<Code, Lanes16, 4>};
+    return nanoserve::few_rows_linear<T>(
+        y, x, out, in, bias,
+        [&](int64_t m, const float* xm, float* ym, int64_t r0, int64_t r1, int64_t n) {
+          by_rows[n - 1](qp, sp, xm, ym, r0, r1, in, out, group);
+        },
+        per_pass);
+  }
 #endif
-                                  (pair ? rows<Code, Lanes8, 2> : rows<Code, Lanes8, 1>)(qp, sp, xm, ym, r0, r1, in,
-                                                                                         out, group);
+  nanoserve::few_rows_linear<T>(y, x, out, in, bias,
+                                [&](int64_t m, const float* xm, float* ym, int64_t r0, int64_t r1, int64_t n) {
+                                  (n == 2 ? rows<Code, Lanes8, 2> : rows<Code, Lanes8, 1>)(qp, sp, xm, ym, r0, r1, in,
+                                                                                           out, group);
                                 });
 }
 
