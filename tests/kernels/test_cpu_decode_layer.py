@@ -3,13 +3,16 @@ bit for bit (its output, the residual stream and the KV cache it writes), wherev
 of up to MAX_ROWS sequences and speculative verifies; and it steps aside (returns None) where a
 step or a layer needs other kernels."""
 
+import functools
 from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanoserve import LLM, EngineConfig, ModelConfig, SamplingParams
-from nanoserve.kernels import cpu_decode_layer, kernel_ops, use_kernels
+from nanoserve.kernels import AttentionMetadata, cpu_decode_layer, kernel_ops, use_kernels
 
 SHAPE = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -125,3 +128,53 @@ def test_layers_the_op_cannot_take_run_op_by_op(case):
     finally:
         ops.decode_layer = fused_fn
     assert seen and not any(f for _, f, _ in seen)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       quantization=st.sampled_from([None, "int8", "fp8"]))
+def test_any_step_of_a_few_tokens_equals_the_op_by_op_layer(data, dtype, quantization):
+    """A step of up to MAX_ROWS tokens split any way into sequences (decodes first, then queries
+    of several tokens: verifies, short chunks after a prefix of any length), on random block
+    tables and a KV cache of random contents: the fused layer's output, residual and cache write
+    equal the op-by-op layer's bit for bit."""
+    llm = _llm(dtype, quantization)
+    model = llm.engine.executor.model
+    layer, block, blocks = model.layers[0], 4, 64
+    counts = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=cpu_decode_layer.MAX_ROWS))
+    counts = sorted(counts, key=lambda n: n > 1)  # single-token queries first, as the runner orders them
+    while sum(counts) > cpu_decode_layer.MAX_ROWS:
+        counts.pop()
+    prior = [data.draw(st.integers(0, 40)) for _ in counts]
+    seed = data.draw(st.integers(0, 2**16))
+    g = torch.Generator().manual_seed(seed)
+    k_cache, v_cache = (torch.randn(blocks, block, 2, 32, generator=g).to(dtype) for _ in range(2))
+    lens = [p + n for p, n in zip(prior, counts)]
+    width = max(-(-n // block) for n in lens)
+    tables = torch.randperm(blocks, generator=g)[:len(counts) * width].view(len(counts), width).int()
+    positions = torch.tensor([p + j for p, n in zip(prior, counts) for j in range(n)])
+    seq_of = [i for i, n in enumerate(counts) for _ in range(n)]
+    slots = torch.tensor([int(tables[i, pos // block]) * block + pos % block
+                          for i, pos in zip(seq_of, positions.tolist())])
+    qsl = [0, *torch.tensor(counts).cumsum(0).tolist()]
+    attn = AttentionMetadata(torch.tensor(qsl, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32),
+                             tables, slots, qsl, lens, num_decodes=counts.count(1))
+    T = sum(counts)
+    x = torch.randn(T, SHAPE.hidden_size, generator=g).to(dtype)
+    residual = torch.randn(T, SHAPE.hidden_size, generator=g).to(dtype) if data.draw(st.booleans()) else None
+    fused_cache = (k_cache.clone(), v_cache.clone())
+    fused = cpu_decode_layer.decode_layer(layer, positions, x, residual, fused_cache, attn, model.cos_sin_cache)
+    assert fused is not None, counts
+    plain_ops, layer.ops = layer.ops, kernel_ops(layer.ops)
+    try:
+        out = layer(positions, x, residual, (k_cache, v_cache), replace(attn, derived={}), model.cos_sin_cache)
+    finally:
+        layer.ops = plain_ops
+    assert torch.equal(fused[0], out[0]) and torch.equal(fused[1], out[1]), counts
+    assert torch.equal(fused_cache[0], k_cache) and torch.equal(fused_cache[1], v_cache), counts
+
+
+@functools.cache
+def _llm(dtype, quantization):
+    return LLM(SHAPE, device="cpu", dtype=str(dtype).removeprefix("torch."),
+               config=EngineConfig(quantization=quantization))
