@@ -163,11 +163,12 @@ def test_any_step_of_a_few_tokens_equals_the_op_by_op_layer(data, dtype, quantiz
     x = torch.randn(T, SHAPE.hidden_size, generator=g).to(dtype)
     residual = torch.randn(T, SHAPE.hidden_size, generator=g).to(dtype) if data.draw(st.booleans()) else None
     fused_cache = (k_cache.clone(), v_cache.clone())
-    fused = cpu_decode_layer.decode_layer(layer, positions, x, residual, fused_cache, attn, model.cos_sin_cache)
+    cos_sin = model.cos_sin_cache
+    fused = cpu_decode_layer.decode_layer(layer, positions, x, residual, fused_cache, attn, cos_sin)
     assert fused is not None, counts
     plain_ops, layer.ops = layer.ops, kernel_ops(layer.ops)
     try:
-        out = layer(positions, x, residual, (k_cache, v_cache), replace(attn, derived={}), model.cos_sin_cache)
+        out = layer(positions, x, residual, (k_cache, v_cache), replace(attn, derived={}), cos_sin)
     finally:
         layer.ops = plain_ops
     assert torch.equal(fused[0], out[0]) and torch.equal(fused[1], out[1]), counts
