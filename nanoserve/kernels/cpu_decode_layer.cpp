@@ -80,13 +80,28 @@ at::Tensor linear(const at::Tensor& x, const std::vector<at::Tensor>& w) {
   return y;
 }
 
+// reference.reshape_and_cache's write into an fp8 cache, op for op (kernels/reference.py): K/V
+// divided by the scale in fp32, cast to e4m3 (saturating), their bytes copied into the slots
+void write_fp8_cache(at::Tensor k, at::Tensor v, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     at::Tensor slots, double k_scale, double v_scale) {
+  const int64_t n = k_cache.size(0) * k_cache.size(1);
+  const at::Tensor keep = slots >= 0;
+  if (!keep.all().item<bool>()) {
+    k = k.index({keep}), v = v.index({keep}), slots = slots.index({keep});
+  }
+  k = (k.to(at::kFloat) / k_scale).to(k_cache.scalar_type());
+  v = (v.to(at::kFloat) / v_scale).to(v_cache.scalar_type());
+  k_cache.view({n, k_cache.size(2), k_cache.size(3)}).view(at::kByte).index_copy_(0, slots, k.view(at::kByte));
+  v_cache.view({n, v_cache.size(2), v_cache.size(3)}).view(at::kByte).index_copy_(0, slots, v.view(at::kByte));
+}
+
 std::tuple<at::Tensor, at::Tensor> decode_layer(
     const at::Tensor& x, const OptTensor& residual, const at::Tensor& input_norm, const at::Tensor& post_norm,
     double eps, const std::vector<at::Tensor>& qkv_proj, const std::vector<at::Tensor>& o_proj,
     const std::vector<at::Tensor>& gate_up_proj, const std::vector<at::Tensor>& down_proj, int64_t num_heads,
     int64_t num_kv_heads, const at::Tensor& positions, const at::Tensor& cos_sin_cache, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& row_tables,
-    const at::Tensor& row_lens, double scale) {
+    const at::Tensor& row_lens, double scale, double k_scale, double v_scale) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layer: x must be (T, hidden) contiguous");
   const int64_t T = x.size(0), hd = k_cache.size(3);
   const int64_t q_size = num_heads * hd, kv_size = num_kv_heads * hd;
@@ -104,9 +119,12 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
   const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, hd});
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, hd});
   ops().rope.call(positions, q, k, cos_sin_cache);
-  ops().cache.call(k, v, k_cache, v_cache, slot_mapping);
+  if (k_cache.scalar_type() == x.scalar_type())
+    ops().cache.call(k, v, k_cache, v_cache, slot_mapping);
+  else
+    write_fp8_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale);
   const at::Tensor o = at::empty({T, num_heads, hd}, x.options());
-  ops().attention.call(q, o, k_cache, v_cache, row_tables, row_lens, scale, 1.0, 1.0);
+  ops().attention.call(q, o, k_cache, v_cache, row_tables, row_lens, scale, k_scale, v_scale);
   const at::Tensor attn_out = linear(o.view({T, q_size}), o_proj);
   // the post-attention norm adds the residual stream; then the MLP
   const at::Tensor h2 = at::empty_like(x), stream2 = at::empty_like(x);
@@ -123,6 +141,7 @@ TORCH_LIBRARY_FRAGMENT(nanoserve_cpu, m) {
   m.def("decode_layer(Tensor x, Tensor? residual, Tensor input_norm, Tensor post_norm, float eps, "
         "Tensor[] qkv_proj, Tensor[] o_proj, Tensor[] gate_up_proj, Tensor[] down_proj, int num_heads, "
         "int num_kv_heads, Tensor positions, Tensor cos_sin_cache, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor slot_mapping, Tensor row_tables, Tensor row_lens, float scale) -> (Tensor, Tensor)",
+        "Tensor slot_mapping, Tensor row_tables, Tensor row_lens, float scale, float k_scale, float v_scale) -> "
+        "(Tensor, Tensor)",
         &decode_layer);
 }

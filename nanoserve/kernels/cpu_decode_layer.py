@@ -13,8 +13,9 @@ It returns None, and the layer runs op by op, for anything else:
   matmul and attention SDPA;
 - a layer whose linears would not run a GEMV (`gemv_operands` of cpu_gemm.PackedLinear and
   cpu_quant_gemm.QuantizedCpuLinear) or torch's int8 matmul (`int8pack_operands`) at these rows,
-  with RMSNorm on q and k (Qwen3), or a cache in another dtype than the activations (fp8: the
-  write quantizes in the reference's way).
+  or with RMSNorm on q and k (Qwen3).
+An fp8 cache is written as the reference writes it (the same torch ops, from C++) and read by the
+same decode attention op with the layer's scales.
 Only the CPU backend's kernel namespace holds it (kernels.get_ops): a namespace with a kernel of
 the learner's (kernel_ops, use_kernels) has none, so their kernel always runs.
 """
@@ -74,8 +75,8 @@ def _step_inputs(attn, positions: torch.Tensor):
 def decode_layer(layer, positions, x, residual, kv_cache, attn, cos_sin):
     """DecoderLayer.forward's (output, residual) in one call, or None (run the layer op by op)."""
     k_cache, v_cache = kv_cache
-    if (x.shape[0] > MAX_ROWS or x.dim() != 2 or k_cache.dtype != x.dtype or not k_cache.is_contiguous()
-            or not x.is_contiguous() or cos_sin.dtype != torch.float32):
+    if (x.shape[0] > MAX_ROWS or x.dim() != 2 or k_cache.dtype not in (x.dtype, torch.float8_e4m3fn)
+            or not k_cache.is_contiguous() or not x.is_contiguous() or cos_sin.dtype != torch.float32):
         return None
     linears = _layer_linears(layer, x.dtype, x.shape[0])
     step = _step_inputs(attn, positions) if linears is not None else None
@@ -85,4 +86,5 @@ def decode_layer(layer, positions, x, residual, kv_cache, attn, cos_sin):
     a = layer.self_attn
     return torch.ops.nanoserve_cpu.decode_layer(
         x, residual, layer.input_layernorm, layer.post_attention_layernorm, layer.eps, *linears,
-        a.num_heads, a.num_kv_heads, pos, cos_sin, k_cache, v_cache, slots, row_tables, row_lens, a.scale)
+        a.num_heads, a.num_kv_heads, pos, cos_sin, k_cache, v_cache, slots, row_tables, row_lens, a.scale,
+        a.k_scale, a.v_scale)

@@ -49,12 +49,13 @@ def checked_engine(llm, seen: list):
     return ops, fused_fn
 
 
-@pytest.mark.parametrize("dtype,quantization,bias", [
-    ("float32", None, False), ("bfloat16", None, False), ("bfloat16", "int8", False),
-    ("float32", "fp8", False), ("bfloat16", None, True), ("bfloat16", "int8", True)])
-def test_a_decode_layer_in_one_call_equals_the_op_by_op_path(dtype, quantization, bias):
+@pytest.mark.parametrize("dtype,quantization,bias,kv", [
+    ("float32", None, False, "auto"), ("bfloat16", None, False, "auto"), ("bfloat16", "int8", False, "auto"),
+    ("float32", "fp8", False, "auto"), ("bfloat16", None, True, "auto"), ("bfloat16", "int8", True, "auto"),
+    ("bfloat16", None, False, "fp8"), ("float32", "int8", False, "fp8")])
+def test_a_decode_layer_in_one_call_equals_the_op_by_op_path(dtype, quantization, bias, kv):
     llm = LLM(replace(SHAPE, attention_bias=bias), device="cpu", dtype=dtype,
-              config=EngineConfig(quantization=quantization, max_num_seqs=16))
+              config=EngineConfig(quantization=quantization, max_num_seqs=16, kv_cache_dtype=kv))
     if bias:  # a random model's biases are zeros, which a dropped bias would not show
         torch.manual_seed(0)
         for layer in llm.engine.executor.model.layers:
@@ -113,14 +114,9 @@ def test_enforce_eager_and_a_learners_kernel_run_op_by_op_with_the_same_tokens()
     assert not hasattr(fused.engine.executor.model.layers[0].ops, "decode_layer")
 
 
-@pytest.mark.parametrize("case", ["fp8 cache", "qk_norm"])
-def test_layers_the_op_cannot_take_run_op_by_op(case):
-    cfg, config = SHAPE, EngineConfig()
-    if case == "fp8 cache":  # the write quantizes the reference's way
-        config = EngineConfig(kv_cache_dtype="fp8")
-    else:  # Qwen3's norms on q and k run between the qkv linear and rotary
-        cfg = replace(SHAPE, qk_norm=True)
-    llm = LLM(cfg, device="cpu", dtype="bfloat16", config=config)
+def test_a_layer_the_op_cannot_take_runs_op_by_op():
+    cfg = replace(SHAPE, qk_norm=True)  # Qwen3's norms on q and k run between the qkv linear and rotary
+    llm = LLM(cfg, device="cpu", dtype="bfloat16")
     seen = []
     ops, fused_fn = checked_engine(llm, seen)
     try:
@@ -132,13 +128,13 @@ def test_layers_the_op_cannot_take_run_op_by_op(case):
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-       quantization=st.sampled_from([None, "int8", "fp8"]))
-def test_any_step_of_a_few_tokens_equals_the_op_by_op_layer(data, dtype, quantization):
+       quantization=st.sampled_from([None, "int8", "fp8"]), kv=st.sampled_from(["auto", "fp8"]))
+def test_any_step_of_a_few_tokens_equals_the_op_by_op_layer(data, dtype, quantization, kv):
     """A step of up to MAX_ROWS tokens split any way into sequences (decodes first, then queries
     of several tokens: verifies, short chunks after a prefix of any length), on random block
     tables and a KV cache of random contents: the fused layer's output, residual and cache write
     equal the op-by-op layer's bit for bit."""
-    llm = _llm(dtype, quantization)
+    llm = _llm(dtype, quantization, kv)
     model = llm.engine.executor.model
     layer, block, blocks = model.layers[0], 4, 64
     counts = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=cpu_decode_layer.MAX_ROWS))
@@ -148,7 +144,8 @@ def test_any_step_of_a_few_tokens_equals_the_op_by_op_layer(data, dtype, quantiz
     prior = [data.draw(st.integers(0, 40)) for _ in counts]
     seed = data.draw(st.integers(0, 2**16))
     g = torch.Generator().manual_seed(seed)
-    k_cache, v_cache = (torch.randn(blocks, block, 2, 32, generator=g).to(dtype) for _ in range(2))
+    cache_dtype = torch.float8_e4m3fn if kv == "fp8" else dtype
+    k_cache, v_cache = (torch.randn(blocks, block, 2, 32, generator=g).to(cache_dtype) for _ in range(2))
     lens = [p + n for p, n in zip(prior, counts)]
     width = max(-(-n // block) for n in lens)
     tables = torch.randperm(blocks, generator=g)[:len(counts) * width].view(len(counts), width).int()
@@ -163,19 +160,23 @@ def test_any_step_of_a_few_tokens_equals_the_op_by_op_layer(data, dtype, quantiz
     x = torch.randn(T, SHAPE.hidden_size, generator=g).to(dtype)
     residual = torch.randn(T, SHAPE.hidden_size, generator=g).to(dtype) if data.draw(st.booleans()) else None
     fused_cache = (k_cache.clone(), v_cache.clone())
-    cos_sin = model.cos_sin_cache
-    fused = cpu_decode_layer.decode_layer(layer, positions, x, residual, fused_cache, attn, cos_sin)
-    assert fused is not None, counts
-    plain_ops, layer.ops = layer.ops, kernel_ops(layer.ops)
+    cos_sin, a = model.cos_sin_cache, layer.self_attn
+    scales = (data.draw(st.sampled_from([0.5, 1.0, 2.0])), data.draw(st.sampled_from([0.25, 1.0, 4.0])))
+    plain_ops = layer.ops
     try:
+        if kv == "fp8":  # a checkpoint's scales (the engine's default is 1.0, which a lost scale would not show)
+            a.k_scale, a.v_scale = scales
+        fused = cpu_decode_layer.decode_layer(layer, positions, x, residual, fused_cache, attn, cos_sin)
+        assert fused is not None, counts
+        layer.ops = kernel_ops(layer.ops)
         out = layer(positions, x, residual, (k_cache, v_cache), replace(attn, derived={}), cos_sin)
     finally:
-        layer.ops = plain_ops
+        layer.ops, a.k_scale, a.v_scale = plain_ops, 1.0, 1.0
     assert torch.equal(fused[0], out[0]) and torch.equal(fused[1], out[1]), counts
     assert torch.equal(fused_cache[0], k_cache) and torch.equal(fused_cache[1], v_cache), counts
 
 
 @functools.cache
-def _llm(dtype, quantization):
+def _llm(dtype, quantization, kv):
     return LLM(SHAPE, device="cpu", dtype=str(dtype).removeprefix("torch."),
-               config=EngineConfig(quantization=quantization))
+               config=EngineConfig(quantization=quantization, kv_cache_dtype=kv))
