@@ -164,7 +164,7 @@ def test_any_step_of_a_few_tokens_equals_the_op_by_op_layer(data, dtype, quantiz
     scales = (data.draw(st.sampled_from([0.5, 1.0, 2.0])), data.draw(st.sampled_from([0.25, 1.0, 4.0])))
     plain_ops = layer.ops
     try:
-        if kv == "fp8":  # a checkpoint's scales (the engine's default is 1.0, which a lost scale would not show)
+        if kv == "fp8":  # a checkpoint's scales: the default 1.0 would not show a lost one
             a.k_scale, a.v_scale = scales
         fused = cpu_decode_layer.decode_layer(layer, positions, x, residual, fused_cache, attn, cos_sin)
         assert fused is not None, counts
