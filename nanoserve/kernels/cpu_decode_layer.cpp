@@ -41,9 +41,9 @@ struct Ops {
       op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
           "nanoserve_cpu::rotary_embedding");
   c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                const at::Tensor&)>
+                                const at::Tensor&, double, double)>
       cache = op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      const at::Tensor&)>("nanoserve_cpu::reshape_and_cache");
+                      const at::Tensor&, double, double)>("nanoserve_cpu::reshape_and_cache");
   c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                 const at::Tensor&, const at::Tensor&, double, double, double)>
       attention = op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -80,21 +80,6 @@ at::Tensor linear(const at::Tensor& x, const std::vector<at::Tensor>& w) {
   return y;
 }
 
-// reference.reshape_and_cache's write into an fp8 cache, op for op (kernels/reference.py): K/V
-// divided by the scale in fp32, cast to e4m3 (saturating), their bytes copied into the slots
-void write_fp8_cache(at::Tensor k, at::Tensor v, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     at::Tensor slots, double k_scale, double v_scale) {
-  const int64_t n = k_cache.size(0) * k_cache.size(1);
-  const at::Tensor keep = slots >= 0;
-  if (!keep.all().item<bool>()) {
-    k = k.index({keep}), v = v.index({keep}), slots = slots.index({keep});
-  }
-  k = (k.to(at::kFloat) / k_scale).to(k_cache.scalar_type());
-  v = (v.to(at::kFloat) / v_scale).to(v_cache.scalar_type());
-  k_cache.view({n, k_cache.size(2), k_cache.size(3)}).view(at::kByte).index_copy_(0, slots, k.view(at::kByte));
-  v_cache.view({n, v_cache.size(2), v_cache.size(3)}).view(at::kByte).index_copy_(0, slots, v.view(at::kByte));
-}
-
 std::tuple<at::Tensor, at::Tensor> decode_layer(
     const at::Tensor& x, const OptTensor& residual, const at::Tensor& input_norm, const at::Tensor& post_norm,
     double eps, const std::vector<at::Tensor>& qkv_proj, const std::vector<at::Tensor>& o_proj,
@@ -119,10 +104,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
   const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, hd});
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, hd});
   ops().rope.call(positions, q, k, cos_sin_cache);
-  if (k_cache.scalar_type() == x.scalar_type())
-    ops().cache.call(k, v, k_cache, v_cache, slot_mapping);
-  else
-    write_fp8_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale);
+  ops().cache.call(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale);
   const at::Tensor o = at::empty({T, num_heads, hd}, x.options());
   ops().attention.call(q, o, k_cache, v_cache, row_tables, row_lens, scale, k_scale, v_scale);
   const at::Tensor attn_out = linear(o.view({T, q_size}), o_proj);

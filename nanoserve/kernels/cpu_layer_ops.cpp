@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 #include "cpu_common.h"
 
@@ -244,9 +246,18 @@ void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at
   }
 }
 
-// This step's K/V rows into their cache slots (vLLM's name): a row copy per token and tensor.
+// An fp8 cache's row as reference.to_cache stores it: the value over the scale in fp32, then e4m3
+// (c10's conversion, torch's cast: round to nearest even, saturating at 448)
+template <typename T>
+void quantize_row(const T* x, c10::Float8_e4m3fn* out, int64_t width, float scale) {
+  for (int64_t i = 0; i < width; ++i) out[i] = c10::Float8_e4m3fn(static_cast<float>(x[i]) / scale);
+}
+
+// This step's K/V rows into their cache slots (vLLM's name): a row copy per token and tensor, or
+// into an fp8 cache a row quantized with the layer's k_scale / v_scale.
 void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
-                       const at::Tensor& v_cache, const at::Tensor& slot_mapping) {
+                       const at::Tensor& v_cache, const at::Tensor& slot_mapping, double k_scale,
+                       double v_scale) {
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous() && slot_mapping.dim() == 1,
               "reshape_and_cache: slot_mapping must be (T,) int64");
   TORCH_CHECK(slot_mapping.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() &&
@@ -255,25 +266,50 @@ void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, const at::Tenso
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes() &&
               k_cache.dim() == 4 && k_cache.scalar_type() == v_cache.scalar_type(),
               "reshape_and_cache: caches must be contiguous (num_blocks, block_size, kv_heads, head_dim)");
+  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
   const int64_t width = k_cache.size(2) * k_cache.size(3), slots = k_cache.size(0) * k_cache.size(1);
   for (const at::Tensor* x : {&k, &v})
     TORCH_CHECK(x->dim() == 3 && x->size(0) == tokens && x->size(1) * x->size(2) == width &&
-                x->stride(2) == 1 && x->stride(1) == x->size(2) && x->scalar_type() == k_cache.scalar_type(),
-                "reshape_and_cache: k and v must be (T, kv_heads, head_dim) rows in the cache's dtype");
+                x->stride(2) == 1 && x->stride(1) == x->size(2) && x->scalar_type() == k.scalar_type() &&
+                (x->scalar_type() == k_cache.scalar_type() ||
+                 (fp8 && (x->scalar_type() == at::kFloat || x->scalar_type() == at::kBFloat16 ||
+                          x->scalar_type() == at::kHalf))),
+                "reshape_and_cache: k and v must be (T, kv_heads, head_dim) rows in the cache's dtype, "
+                "or fp32/bf16/fp16 for an fp8 cache");
   const int64_t* slot = slot_mapping.const_data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t)
     TORCH_CHECK(slot[t] >= -1 && slot[t] < slots,
                 "reshape_and_cache: slot ", slot[t], " outside [-1, ", slots, ")");
-  const int64_t bytes = width * k.element_size();
   const char* kp = static_cast<const char*>(k.const_data_ptr());
   const char* vp = static_cast<const char*>(v.const_data_ptr());
   char* kc = static_cast<char*>(k_cache.data_ptr());
   char* vc = static_cast<char*>(v_cache.data_ptr());
-  for (int64_t t = 0; t < tokens; ++t) {
-    if (slot[t] < 0) continue;  // -1: a token whose K/V is not kept (a prefix-cache hit's)
-    std::memcpy(kc + slot[t] * bytes, kp + t * k.stride(0) * k.element_size(), bytes);
-    std::memcpy(vc + slot[t] * bytes, vp + t * v.stride(0) * v.element_size(), bytes);
-  }
+  const int64_t in_bytes = k.element_size(), row = width * k_cache.element_size();
+  auto write = [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (slot[t] < 0) continue;  // -1: a token whose K/V is not kept (a prefix-cache hit's)
+      const char* kt = kp + t * k.stride(0) * in_bytes;
+      const char* vt = vp + t * v.stride(0) * in_bytes;
+      if constexpr (std::is_same_v<T, void*>) {
+        std::memcpy(kc + slot[t] * row, kt, row);
+        std::memcpy(vc + slot[t] * row, vt, row);
+      } else {
+        quantize_row(reinterpret_cast<const T*>(kt), reinterpret_cast<c10::Float8_e4m3fn*>(kc + slot[t] * row),
+                     width, static_cast<float>(k_scale));
+        quantize_row(reinterpret_cast<const T*>(vt), reinterpret_cast<c10::Float8_e4m3fn*>(vc + slot[t] * row),
+                     width, static_cast<float>(v_scale));
+      }
+    }
+  };
+  if (!fp8 || k.scalar_type() == k_cache.scalar_type())
+    write(static_cast<void*>(nullptr));
+  else if (k.scalar_type() == at::kFloat)
+    write(float{});
+  else if (k.scalar_type() == at::kBFloat16)
+    write(c10::BFloat16{});
+  else
+    write(c10::Half{});
 }
 
 // silu(gate) * up in the reference's rounding: silu's result rounded to the dtype, then the
@@ -337,6 +373,6 @@ TORCH_LIBRARY_FRAGMENT(nanoserve_cpu, m) {
   m.def("rotary_embedding(Tensor positions, Tensor(a!) q, Tensor(b!) k, Tensor cos_sin_cache) -> ()",
         &rotary_embedding);
   m.def("reshape_and_cache(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor slot_mapping) -> ()", &reshape_and_cache);
+        "Tensor slot_mapping, float k_scale=1.0, float v_scale=1.0) -> ()", &reshape_and_cache);
   m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()", &silu_and_mul);
 }

@@ -6,7 +6,8 @@ cpu_layer_ops.cpp does each kernel's arithmetic, rounded the reference's way, in
 rows sixteen values at a time (bf16 through AVX-512's widening and rounding instructions where the
 CPU has them); the step profile's norm/rope/cache-write parts measure it
 (benchmarks/cpu_step_profile.py). Same contracts as the reference's functions; inputs the ops do
-not take (layouts other than the model's, mixed dtypes) go to the reference. cpu_build.py builds the ops.
+not take (layouts other than the model's, mixed dtypes but an fp8 cache's) go to the reference.
+cpu_build.py builds the ops.
 """
 
 from __future__ import annotations
@@ -48,12 +49,14 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                       v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                       k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """reference.reshape_and_cache: this step's K/V rows into their slots (-1: skip). An fp8
-    cache (another dtype than k's) takes the reference's quantizing write."""
-    if (k.dtype != k_cache.dtype or v.dtype != k_cache.dtype or not (_rows(k) and _rows(v))
+    """reference.reshape_and_cache: this step's K/V rows into their slots (-1: skip); into an fp8
+    cache quantized as the reference quantizes them (to_cache), with the scales."""
+    takes = k_cache.dtype == k.dtype or (k_cache.dtype == torch.float8_e4m3fn and k.dtype in DTYPES)
+    if (not takes or v.dtype != k.dtype or v_cache.dtype != k_cache.dtype or not (_rows(k) and _rows(v))
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
         return reference.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    torch.ops.nanoserve_cpu.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping.long().contiguous())
+    torch.ops.nanoserve_cpu.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping.long().contiguous(),
+                                              k_scale, v_scale)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

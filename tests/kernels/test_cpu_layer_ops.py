@@ -125,6 +125,26 @@ def test_cache_write_matches_the_reference(dtype):
         cpu_layer_ops.reshape_and_cache(k, v, caches[0], caches[1], torch.tensor([0, 1, 2, 3, 4, 5, 20]))
 
 
+@settings(max_examples=30, deadline=None)
+@given(dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       k_scale=st.sampled_from([0.25, 1.0, 3.0]), v_scale=st.sampled_from([0.5, 1.0, 7.0]),
+       magnitude=st.sampled_from([1e-4, 1.0, 600.0]), seed=st.integers(0, 99))
+def test_fp8_cache_write_matches_the_reference_byte_for_byte(dtype, k_scale, v_scale, magnitude, seed):
+    """Into an e4m3 cache: each value over its scale, rounded to nearest even, saturated at 448
+    (magnitude 600 overflows, 1e-4 lands in e4m3's subnormals and below); skipped slots; the
+    reference's quantizing write is the specification."""
+    g = torch.Generator().manual_seed(seed)
+    _, k, v = qkv_views((magnitude * torch.randn(7, 128, generator=g)).to(dtype), 4, 2, 16)
+    k[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -0.0], dtype=dtype)
+    caches = [torch.randn(5, 4, 2, 16, generator=g).to(torch.float8_e4m3fn) for _ in range(2)]
+    caches += [c.clone() for c in caches]
+    slots = torch.tensor([3, -1, 19, 0, 7, -1, 12])
+    cpu_layer_ops.reshape_and_cache(k, v, caches[0], caches[1], slots, k_scale, v_scale)
+    reference.reshape_and_cache(k, v, caches[2], caches[3], slots, k_scale, v_scale)
+    for got, want in ((caches[0], caches[2]), (caches[1], caches[3])):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 70), d=st.sampled_from([1, 15, 16, 17, 100, 2048]),
        dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
