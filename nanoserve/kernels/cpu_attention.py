@@ -82,15 +82,21 @@ def decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale
         od.copy_(out.view_as(od))
 
 
+def query_rows(qsl: list[int], lens: list[int], seqs) -> tuple[list[int], list[int]]:
+    """Every query token of the sequences `seqs` as a decode row: (its sequence, its context
+    length). Row j of n query tokens sees the first lens - n + 1 + j positions (causal attention)."""
+    seq = [i for i in seqs for _ in range(qsl[i + 1] - qsl[i])]
+    row_lens = [lens[i] - (qsl[i + 1] - qsl[i]) + 1 + j for i in seqs for j in range(qsl[i + 1] - qsl[i])]
+    return seq, row_lens
+
+
 def few_query_rows(attn: AttentionMetadata, qsl: list[int], lens: list[int], D: int):
     """The query rows of the sequences after the first D with 2..MULTI_QUERY_ROWS query tokens,
-    each as a decode row: (rows, their block tables, their context lengths as a tensor and as a
-    list), or None. Row j of n query tokens sees the first lens - n + 1 + j positions (causal
-    attention). The same for every layer of a step: built once, kept in attn.derived."""
+    each as a decode row (query_rows): (rows, their block tables, their context lengths as a tensor
+    and as a list), or None. The same for every layer of a step: built once, kept in attn.derived."""
     if "few_query_rows" not in attn.derived:
         few = [i for i in range(D, len(lens)) if qsl[i + 1] - qsl[i] <= MULTI_QUERY_ROWS]
-        seq = [i for i in few for _ in range(qsl[i + 1] - qsl[i])]
-        row_lens = [lens[i] - (qsl[i + 1] - qsl[i]) + 1 + j for i in few for j in range(qsl[i + 1] - qsl[i])]
+        seq, row_lens = query_rows(qsl, lens, few)
         device = attn.block_tables.device
         rows = torch.tensor([r for i in few for r in range(qsl[i], qsl[i + 1])], device=device)
         attn.derived["few_query_rows"] = (rows, attn.block_tables[torch.tensor(seq, device=device)],

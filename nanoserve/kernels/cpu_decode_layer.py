@@ -7,15 +7,14 @@ dispatch) costs about as much as the weight read of a thin layer: lesson 11 meas
 layer's ops from C++ instead: the same ops, in the order and on the shapes DecoderLayer.forward
 gives them, so the output is the op-by-op path's, bit for bit. That covers a step of up to
 MAX_ROWS tokens: decodes of up to that many sequences, and a speculative verify's rows, which
-attention takes a row at a time with their causal lengths as cpu_attention.few_query_rows does.
+attention takes a row at a time with their causal lengths (cpu_attention.query_rows).
 It returns None, and the layer runs op by op, for anything else:
 - a step of more than MAX_ROWS tokens (a prefill chunk, a large batch): its linears take a
   matmul and attention SDPA;
 - a layer whose linears would not run a GEMV (`gemv_operands` of cpu_gemm.PackedLinear and
   cpu_quant_gemm.QuantizedCpuLinear) or torch's int8 matmul (`int8pack_operands`) at these rows,
   or with RMSNorm on q and k (Qwen3).
-An fp8 cache is written as the reference writes it (the same torch ops, from C++) and read by the
-same decode attention op with the layer's scales.
+An fp8 cache is written and read by the same ops as op by op, with the layer's scales.
 Only the CPU backend's kernel namespace holds it (kernels.get_ops): a namespace with a kernel of
 the learner's (kernel_ops, use_kernels) has none, so their kernel always runs.
 """
@@ -26,7 +25,7 @@ import weakref
 
 import torch
 
-from nanoserve.kernels.cpu_attention import MULTI_QUERY_ROWS
+from nanoserve.kernels.cpu_attention import MULTI_QUERY_ROWS, query_rows
 from nanoserve.kernels.cpu_gemm import GEMV_ROWS
 
 MAX_ROWS = min(GEMV_ROWS, MULTI_QUERY_ROWS)  # tokens a step: each linear a GEMV, each row one attention row
@@ -61,13 +60,12 @@ def _step_inputs(attn, positions: torch.Tensor):
     step, for every layer."""
     if "decode_layer" not in attn.derived:
         qsl, lens = attn.host_offsets()
-        n = [qsl[i + 1] - qsl[i] for i in range(len(lens))]  # query tokens of each sequence
-        row_seq = torch.tensor([i for i, k in enumerate(n) for _ in range(k)], device=positions.device)
-        row_lens = torch.tensor([lens[i] - k + 1 + j for i, k in enumerate(n) for j in range(k)],
-                                dtype=torch.int32, device=positions.device)
+        seq, row_lens = query_rows(qsl, lens, range(len(lens)))
+        # one token each (a decode step): the rows are the sequences, their tables as they are
+        tables = attn.block_tables if len(seq) == len(lens) else attn.block_tables[torch.tensor(seq)]
         attn.derived["decode_layer"] = (
-            positions.long().contiguous(), attn.slot_mapping.long().contiguous(),
-            attn.block_tables[row_seq].int().contiguous(), row_lens,
+            positions.long().contiguous(), attn.slot_mapping.long().contiguous(), tables.int().contiguous(),
+            torch.tensor(row_lens, dtype=torch.int32, device=positions.device),
         ) if attn.slot_mapping is not None else None
     return attn.derived["decode_layer"]
 
