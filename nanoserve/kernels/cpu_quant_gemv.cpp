@@ -274,7 +274,7 @@ void gemv_impl(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, co
 #if defined(WIDE16)
   // four sixteen-wide chains a step, no rest. fp8 codes go four x rows a pass (16 chains, 4 sums
   // and 4 code vectors of the 32 registers), so each code's five-instruction widening serves four
-  // rows; int8's two-instruction one ran faster in pairs (benchmarks/results/few-rows-2026-12-04.md)
+  // rows; int8's two-instruction widening ran no faster four a pass, so it keeps pairs
   if (group % 64 == 0) {
     constexpr int64_t per_pass = std::is_same_v<Code, Fp8Code> ? 4 : 2;
     constexpr decltype(&rows<Code, Lanes16, 1>) by_rows[] = {rows<Code, Lanes16, 1>, rows<Code, Lanes16, 2>,

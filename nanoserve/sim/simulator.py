@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine import Executor, LLMEngine, SchedulerOutput, StepRecord
 from nanoserve.engine.kv_cache import kv_cache_torch_dtype
+from nanoserve.kernels.cpu_decode_layer import MAX_ROWS as FEW_ROWS  # the CPU backend's one call a layer
 from nanoserve.measure.bench import drive
 from nanoserve.measure.metrics import ServingMetrics, compute_metrics
 from nanoserve.measure.roofline import StepCost, dtype_bytes, dtype_name, step_cost
@@ -45,7 +46,6 @@ from nanoserve.outputs import RequestOutput
 from nanoserve.sim.devices import DeviceProfile, num_kv_blocks
 
 NEIGHBOURS = 16  # measured steps a simulated step draws its noise from
-FEW_ROWS = 8  # decode steps of up to this many sequences: the CPU backend's one call a layer
 TIE = 1e-9  # modelled times this close (relative) are one time computed in a different order
 
 

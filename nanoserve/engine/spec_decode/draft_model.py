@@ -40,8 +40,8 @@ class DraftModelProposer(Proposer):
         if getattr(target, "device", None) is None:
             raise InvalidRequest("speculative_config", "method 'draft_model' needs a real target model "
                                                        f"(a ModelRunner), not {type(target).__name__}")
-        # on CUDA the draft runs eager (no second runner's graphs to capture); on a CPU its layers
-        # run in one call each, as the target's do, unless the target's are eager too
+        # on a CPU the draft's layers run in one call each as the target's do (enforce_eager is
+        # what turns that off, and does for both); on CUDA the draft stays eager, as it was built
         cuda = str(target.device).startswith("cuda")
         draft_config = dataclasses.replace(
             engine_config, num_kv_blocks=num_blocks, enable_prefix_caching=False, record_trace=False,
