@@ -24,11 +24,16 @@ namespace nanoserve {
 
 constexpr int64_t kTileBytes = 64 << 10;  // of weight rows: fits the L2 of any x86 core
 
+struct NoStage {
+  void operator()(const float*, int64_t, int64_t) const {}
+};
+
 // run(m, x, y, r0, r1, n): output rows [r0, r1) of rows m..m+n-1 of x (n <= per_pass), staged in
-// fp32 at x (`in` apart), into y (rows `out` apart); weight_row_bytes: one weight row as stored
-template <typename T, typename Run>
+// fp32 at x (`in` apart), into y (rows `out` apart); weight_row_bytes: one weight row as stored;
+// stage(x, M, in), once before the rows run: a kernel's own copy of x in another form
+template <typename T, typename Run, typename Stage = NoStage>
 void few_rows_linear(const at::Tensor& y, const at::Tensor& x, int64_t out, int64_t weight_row_bytes,
-                     const std::optional<at::Tensor>& bias, Run run, int64_t per_pass = 2) {
+                     const std::optional<at::Tensor>& bias, Run run, int64_t per_pass = 2, Stage stage = {}) {
   const int64_t M = x.size(0), in = x.size(1);
   constexpr bool f32 = std::is_same_v<T, float>;
   std::vector<float> xf(f32 ? 0 : M * in), yf(f32 ? 0 : M * out);
@@ -36,6 +41,7 @@ void few_rows_linear(const at::Tensor& y, const at::Tensor& x, int64_t out, int6
   if constexpr (!f32) to_float(xp, xf.data(), M * in);
   const float* xv = f32 ? reinterpret_cast<const float*>(xp) : xf.data();
   float* yp = f32 ? static_cast<float*>(y.data_ptr()) : yf.data();
+  stage(xv, M, in);
   const int64_t tile = M <= per_pass ? out : std::max<int64_t>(1, kTileBytes / weight_row_bytes);
   // 64 rows a task at least: fewer cost more to hand to a thread than to compute
   at::parallel_for(0, out, 64, [&](int64_t r0, int64_t r1) {

@@ -5,12 +5,12 @@ float8_e4m3fn codes (out, in), and `weight_scale`, fp32 (out, groups)) computes,
 F.linear on its weight dequantized afresh each call. Where the C++ ops build, `pack_quantized`
 swaps each for a QuantizedCpuLinear:
 
-- one or two rows, and up to GEMV_ROWS (decode at small batch, a speculative verify) where torch's
-  int8 matmul does not take them, run the GEMV of cpu_quant_gemv.cpp, which reads
-  the codes and scales directly: a byte per weight, the point of quantizing (benchmarks/
-  quantization.py measures its weight-read rate against a float GEMV's);
-- 3 to INT8PACK_ROWS rows of bf16 activations over int8 codes with one scale per channel run
-  torch's weight-only int8 matmul (torch._weight_int8pack_mm, the scales in bf16);
+- up to GEMV_ROWS rows (decode at small batch, a speculative verify) run the GEMV of
+  cpu_quant_gemv.cpp, which reads the codes and scales directly: a byte per weight, the point of
+  quantizing (benchmarks/quantization.py measures its weight-read rate against a float GEMV's).
+  Each row is summed as it would be alone, so a verify's rows get a decode's logits;
+- from GEMV_ROWS + 1 to INT8PACK_ROWS rows of bf16 activations over int8 codes with one scale per
+  channel run torch's weight-only int8 matmul (torch._weight_int8pack_mm, the scales in bf16);
 - more rows, and fp8 or grouped codes, dequantize the layer into one buffer the model's layers
   share (the largest layer's size, allocated once), then run F.linear on it: a prefill chunk's
   matmul does enough arithmetic per weight that the extra pass over the weight costs little.
@@ -29,9 +29,9 @@ from nanoserve.kernels.cpu_gemm import GEMV_ROWS  # the float GEMV's bound: a ve
 from nanoserve.kernels.cpu_huge_pages import to_huge_pages
 from nanoserve.kernels.quantization import is_quantized_linear, quantized_linear
 
-# int8 codes with a scale per channel and bf16 activations: from 3 up to this many rows run torch's
-# weight-only int8 matmul, which reads the codes as they are; fp32 activations never do (its fp32
-# kernel is many times slower than the GEMV or a dequantized matmul), nor do more rows
+# int8 codes with a scale per channel and bf16 activations: past the GEMV's rows, up to this many
+# run torch's weight-only int8 matmul, which reads the codes as they are; fp32 activations never do
+# (its fp32 kernel is many times slower than the GEMV or a dequantized matmul), nor do more rows
 # (benchmarks/quantization.py, rows tables)
 INT8PACK_ROWS = 64
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
@@ -83,13 +83,13 @@ class QuantizedCpuLinear(nn.Module):
     def gemv_operands(self, x_dtype: torch.dtype, rows: int) -> tuple | None:
         """(codes, scales, bias) the GEMV over codes takes for `rows` rows of activations, or None
         where forward runs another path (cpu_decode_layer asks too)."""
-        few = rows <= 2 or (rows <= GEMV_ROWS and not self._int8pack(x_dtype, rows))
+        few = rows <= GEMV_ROWS
         return (self.qweight, self.weight_scale, self.bias) if few and self._runs_on(x_dtype) else None
 
     def int8pack_operands(self, x_dtype: torch.dtype, rows: int) -> tuple | None:
         """(codes, scales in x_dtype, bias) torch's weight-only int8 matmul takes for `rows` rows
         of activations, or None where forward runs another path (cpu_decode_layer asks too)."""
-        if rows <= 2 or not self._int8pack(x_dtype, rows) or not self._runs_on(x_dtype):
+        if rows <= GEMV_ROWS or not self._int8pack(x_dtype, rows) or not self._runs_on(x_dtype):
             return None
         scale = self.scales.get(x_dtype)
         if scale is None:

@@ -4,9 +4,12 @@
 //
 // A row's weight is int8 or fp8 e4m3 codes with an fp32 scale per group of input values (one group:
 // per-output-channel scales; 32: GGUF's Q8_0 blocks). The GEMV streams the codes as cpu_gemv.cpp
-// streams a float weight (a contiguous range of rows per thread, in memory order), widens each code
-// to fp32, sums a group's products in fp32 and adds the group's sum times its scale: one byte read
-// per weight instead of two (bf16) or four (fp32). The e4m3 -> fp32 widening is exact: an e4m3
+// streams a float weight (a contiguous range of rows per thread, in memory order): one byte read
+// per weight instead of two (bf16) or four (fp32). int8 codes times bf16 activations on x86 are
+// integer dot products over x held as 16-bit integers (int16_x below); otherwise the GEMV widens
+// each code to fp32, sums a group's products in fp32 and adds the group's sum times its scale (on
+// some CPUs that widening, not the memory, bounds the loop: benchmarks/quantization.py's GEMV
+// table). The e4m3 -> fp32 widening is exact: an e4m3
 // code's 7 magnitude bits shifted left by 7 are the fp16 of the same value times 2^-8 (the
 // exponent biases differ by 8; e4m3's subnormals land on fp16's), which the CPU's fp16 conversion
 // (F16C's vcvtph2ps where the CPU has it) widens; the 2^8 goes into the group's scale. The weight
@@ -22,6 +25,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <type_traits>
 
@@ -253,6 +257,206 @@ void rows(const uint8_t* q, const float* scale, const float* x, float* y, int64_
   }
 }
 
+#if defined(__AVX2__)
+// int8 codes times bf16 activations as integer dot products. Each x row goes as 16-bit integers in
+// blocks of 32 values sharing a power-of-two scale: a block's values times 2^(15 - e), where its
+// largest magnitude is below 2^e, rounded to nearest. That holds a bf16 value (8 significant bits)
+// exactly unless it is more than 2^7 below its block's largest; any value's error is at most 2^-16
+// times 2^e, under 2^-15 of its block's largest. A code times a 16-bit value is exact, and so are
+// the sums of four of them a 32-bit lane holds per block (below 2^24): one conversion to fp32 per
+// block, times the block's scale and the code's, into the row's fp32 sum. Two instructions per 16
+// codes (three without VNNI) where widening each code to fp32 takes four.
+namespace int16_x {
+
+constexpr int64_t kBlock = 32;
+
+// AVX512-VNNI (or AVX-VNNI) adds the pairs' sums in the same instruction; the integers are the same
+inline __m256i dot_add(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+inline float bits_to_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+// M rows of fp32 x (`in` apart, in a multiple of kBlock) as blocks: q (rows `in` apart) and a scale
+// per block (rows in / kBlock apart): x ~= q * scale. A block holding inf or NaN gets a NaN scale.
+void stage(const float* x, int64_t n, int16_t* q, float* scale) {
+  const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
+  for (int64_t j = 0, b = 0; j < n; j += kBlock, ++b) {
+    // the largest magnitude by its bits, which order as the values do (inf and NaN above all)
+    __m256 v[4];
+    __m256i m = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      v[c] = _mm256_loadu_ps(x + j + 8 * c);
+      m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(v[c]), magnitude));
+    }
+    __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xB1));
+    const uint32_t bits = static_cast<uint32_t>(_mm_cvtsi128_si32(h));
+    const int e = static_cast<int>(bits >> 23);  // largest in [2^(e-127), 2^(e-126)): times 2^(141-e) < 2^15
+    if (bits == 0 || e == 255) {  // all zeros; or inf or NaN, which the NaN scale carries to the sum
+      scale[b] = bits == 0 ? 0.f : std::numeric_limits<float>::quiet_NaN();
+      std::memset(q + j, 0, kBlock * sizeof(int16_t));
+      continue;
+    }
+    // powers of two, built from their bits: 2^(e-141) a subnormal below e = 15; 2^(141-e) past the
+    // largest float below e = 14, so two factors
+    scale[b] = bits_to_float(e >= 15 ? static_cast<uint32_t>(e - 14) << 23 : 1u << (e + 8));
+    const __m256 f1 = _mm256_set1_ps(bits_to_float(static_cast<uint32_t>(e >= 14 ? 268 - e : 254) << 23));
+    const __m256 f2 = _mm256_set1_ps(bits_to_float(static_cast<uint32_t>(e >= 14 ? 127 : 141 - e) << 23));
+    __m256i r[4];
+    for (int c = 0; c < 4; ++c) r[c] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v[c], f1), f2));
+    // packs_epi32 saturates and works per 128-bit half: a0-3 b0-3 a4-7 b4-7, put back in order
+    for (int c = 0; c < 4; c += 2)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j + 8 * c),
+                          _mm256_permute4x64_epi64(_mm256_packs_epi32(r[c], r[c + 1]), 0xD8));
+  }
+}
+
+// Output rows [r0, r1) for M rows of staged x; `group` (a multiple of kBlock) codes share a scale.
+// A block's sum goes into the row's times the group's scale, then the x block's (the product of the
+// two scales could fall below fp32's normal range where the block's sum times either does not); one
+// group a row, times the x block's scale alone, the row's applied once at the end: so there a row
+// whose |x| sums past about 2^120 overflows fp32 before its scale, where the reference would not
+// (activations come nowhere near). Blocks alternate between two chains of multiply-adds, so one
+// need not wait for the last.
+template <int M, bool kOneGroup>
+void rows(const int8_t* q, const float* wscale, const int16_t* xq, const float* xscale, float* y, int64_t r0,
+          int64_t r1, int64_t in, int64_t out, int64_t group) {
+  const int64_t groups = in / group, blocks = in / kBlock, per_group = group / kBlock;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int8_t* qr = q + r * in;
+    const float* ws = wscale + r * groups;
+    __m256 even[M], odd[M];
+    for (int m = 0; m < M; ++m) even[m] = odd[m] = _mm256_setzero_ps();
+    int64_t g = 0, left = per_group;  // the block's group, and its blocks from this one on
+    const auto block = [&](int64_t b, __m256* acc) {
+      const int64_t i = b * kBlock;
+      const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qr + i)));
+      const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qr + i + 16)));
+      for (int m = 0; m < M; ++m) {
+        const int16_t* xm = xq + m * in + i;
+        const __m256i s = dot_add(_mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm))),
+                                  w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + 16)));
+        const __m256 sum = _mm256_cvtepi32_ps(s);
+        acc[m] = _mm256_fmadd_ps(kOneGroup ? sum : _mm256_mul_ps(sum, _mm256_broadcast_ss(ws + g)),
+                                 _mm256_broadcast_ss(xscale + m * blocks + b), acc[m]);
+      }
+      if (!kOneGroup && --left == 0) ++g, left = per_group;
+    };
+    int64_t b = 0;
+    for (; b + 1 < blocks; b += 2) {
+      nanoserve::prefetch_ahead(qr + b * kBlock);  // once a line
+      block(b, even);
+      block(b + 1, odd);
+    }
+    if (b < blocks) block(b, even);
+    for (int m = 0; m < M; ++m) {
+      vf8 v;
+      const __m256 t = _mm256_add_ps(even[m], odd[m]);
+      std::memcpy(&v, &t, sizeof v);
+      y[m * out + r] = kOneGroup ? nanoserve::sum8(v) * ws[0] : nanoserve::sum8(v);
+    }
+  }
+}
+
+}  // namespace int16_x
+#endif
+
+#if defined(__AVX512VBMI__) && defined(__AVX512BF16__)
+// fp8 codes times bf16 activations as bf16 dot products. Every e4m3 value, subnormals included, is a
+// normal bf16 number (3 mantissa bits, exponents 2^-9..2^8), so a code is looked up as its value's
+// bf16: two byte permutes over 128-entry tables give the low and high byte (vpermi2b reads seven
+// index bits, the code's magnitude), the code's sign goes into the high byte, and two byte unpacks
+// make words of them. vdpbf16ps then multiplies each pair by x's pair (products exact in fp32) into
+// fp32 sums. Five instructions per 64 codes and two per x row, where widening to fp32 takes four per
+// 8 codes. The unpacks interleave within 128-bit lanes, so x is staged in their order. vdpbf16ps
+// reads subnormal bf16 as zero: an x below 2^-126 counts as zero.
+namespace bf16_x {
+
+constexpr int64_t kBlock = 64;
+
+struct Tables {
+  alignas(64) uint8_t lo[128];
+  alignas(64) uint8_t hi[128];
+};
+
+const Tables& tables() {
+  static const Tables t = [] {
+    Tables t;
+    for (int k = 0; k < 128; ++k) {  // bf16 is fp32's top half, exactly here; 0x7f is NaN
+      const float v = static_cast<float>(c10::Float8_e4m3fn(k, c10::Float8_e4m3fn::from_bits()));
+      uint32_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      t.lo[k] = static_cast<uint8_t>(bits >> 16);
+      t.hi[k] = static_cast<uint8_t>(bits >> 24);
+    }
+    return t;
+  }();
+  return t;
+}
+
+// n fp32 values of bf16 x (a multiple of kBlock) as bf16 in the unpacks' order: of a block's 64,
+// the first half of each 16 (lanes 0-3), then the second halves
+void stage(const float* x, int64_t n, uint16_t* xs) {
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(x);
+  for (int64_t b = 0; b < n; b += kBlock)
+    for (int half = 0; half < 2; ++half)
+      for (int lane = 0; lane < 4; ++lane)
+        for (int j = 0; j < 8; ++j)
+          xs[b + half * 32 + lane * 8 + j] = static_cast<uint16_t>(bits[b + lane * 16 + half * 8 + j] >> 16);
+}
+
+// Output rows [r0, r1) for M rows of staged x; `group` (a multiple of kBlock) codes share a scale:
+// a group's two chains summed, times its scale, into the row's sum
+template <int M>
+void rows(const uint8_t* q, const float* wscale, const uint16_t* xs, float* y, int64_t r0, int64_t r1, int64_t in,
+          int64_t out, int64_t group) {
+  const Tables& t = tables();
+  const __m512i lo0 = _mm512_load_si512(t.lo), lo1 = _mm512_load_si512(t.lo + 64);
+  const __m512i hi0 = _mm512_load_si512(t.hi), hi1 = _mm512_load_si512(t.hi + 64);
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int64_t groups = in / group;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* qr = q + r * in;
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 part[M][2];
+      for (int m = 0; m < M; ++m) part[m][0] = part[m][1] = _mm512_setzero_ps();
+      for (int64_t i = g * group; i < (g + 1) * group; i += kBlock) {
+        nanoserve::prefetch_ahead(qr + i);  // once a line
+        const __m512i c = _mm512_loadu_si512(qr + i);
+        const __m512i lo = _mm512_permutex2var_epi8(lo0, c, lo1);
+        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, c, hi1), c, sign, 0xF8);  // a | b & c
+        const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi8(lo, hi));
+        const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi8(lo, hi));
+        for (int m = 0; m < M; ++m) {
+          const uint16_t* xm = xs + m * in + i;
+          part[m][0] = _mm512_dpbf16_ps(part[m][0], w0, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xm)));
+          part[m][1] = _mm512_dpbf16_ps(part[m][1], w1, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xm + 32)));
+        }
+      }
+      const __m512 s = _mm512_set1_ps(wscale[r * groups + g]);
+      for (int m = 0; m < M; ++m) acc[m] = _mm512_fmadd_ps(_mm512_add_ps(part[m][0], part[m][1]), s, acc[m]);
+    }
+    for (int m = 0; m < M; ++m) y[m * out + r] = _mm512_reduce_add_ps(acc[m]);
+  }
+}
+
+}  // namespace bf16_x
+#endif
+
 bool is_fp8(const at::Tensor& q) { return q.scalar_type() == at::kFloat8_e4m3fn; }
 
 void check_codes(const at::Tensor& q, const at::Tensor& scale, const char* op) {
@@ -271,6 +475,39 @@ void gemv_impl(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, co
   const int64_t in = x.size(1), out = q.size(0), group = in / scale.size(1);
   const uint8_t* qp = static_cast<const uint8_t*>(q.const_data_ptr());
   const float* sp = scale.const_data_ptr<float>();
+#if defined(__AVX2__)
+  // bf16 activations of int8 codes: integer dot products (int16_x), four x rows a pass
+  if (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Code, Int8Code> && group % int16_x::kBlock == 0) {
+    const int64_t M = x.size(0);
+    std::vector<int16_t> xq(M * in);
+    std::vector<float> xs(M * in / int16_x::kBlock);
+    using int16_x::rows;
+    constexpr decltype(&rows<1, true>) by_rows[2][4] = {{rows<1, false>, rows<2, false>, rows<3, false>, rows<4, false>},
+                                                        {rows<1, true>, rows<2, true>, rows<3, true>, rows<4, true>}};
+    const int8_t* codes = reinterpret_cast<const int8_t*>(qp);
+    return nanoserve::few_rows_linear<T>(
+        y, x, out, in, bias,
+        [&](int64_t m, const float*, float* ym, int64_t r0, int64_t r1, int64_t n) {
+          by_rows[group == in][n - 1](codes, sp, xq.data() + m * in, xs.data() + m * (in / int16_x::kBlock), ym, r0,
+                                      r1, in, out, group);
+        },
+        4, [&](const float* xv, int64_t rows, int64_t n) { int16_x::stage(xv, rows * n, xq.data(), xs.data()); });
+  }
+#endif
+#if defined(__AVX512VBMI__) && defined(__AVX512BF16__)
+  // bf16 activations of fp8 codes: bf16 dot products (bf16_x), four x rows a pass
+  if (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Code, Fp8Code> && group % bf16_x::kBlock == 0) {
+    std::vector<uint16_t> xs(x.size(0) * in);
+    constexpr decltype(&bf16_x::rows<1>) by_rows[] = {bf16_x::rows<1>, bf16_x::rows<2>, bf16_x::rows<3>,
+                                                      bf16_x::rows<4>};
+    return nanoserve::few_rows_linear<T>(
+        y, x, out, in, bias,
+        [&](int64_t m, const float*, float* ym, int64_t r0, int64_t r1, int64_t n) {
+          by_rows[n - 1](qp, sp, xs.data() + m * in, ym, r0, r1, in, out, group);
+        },
+        4, [&](const float* xv, int64_t rows, int64_t n) { bf16_x::stage(xv, rows * n, xs.data()); });
+  }
+#endif
 #if defined(WIDE16)
   // four sixteen-wide chains a step, no rest. fp8 codes go four x rows a pass (16 chains, 4 sums
   // and 4 code vectors of the 32 registers), so each code's five-instruction widening serves four

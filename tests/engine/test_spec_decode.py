@@ -114,15 +114,16 @@ def test_max_tokens_holds_inside_an_accepted_run(demo):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not cpu_build.available(), reason="the C++ CPU ops are not built here")
-def test_bf16_at_batch_1_speculation_changes_no_bit():
-    """In bf16 a verify row is computed as the one-row decode step it replaces (the GEMV and the
-    decode attention sum a row as they would alone), so at batch 1 speculation changes no token of
-    the real model, where fp32 is checked against HF above. (Before, 11 of 16 of lesson 12's
-    requests differed somewhere in 96 tokens.) Verifies of more rows than GEMV_ROWS go to oneDNN,
-    whose rounding may differ."""
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_bf16_at_batch_1_speculation_changes_no_bit(quantization):
+    """In bf16 a verify row is computed as the one-row decode step it replaces (the GEMV, over bf16
+    weights or int8 codes, and the decode attention sum a row as they would alone), so at batch 1
+    speculation changes no token of the real model, where fp32 is checked against HF above.
+    (Before, 11 of 16 of lesson 12's requests differed somewhere in 96 tokens.) Verifies of more
+    rows than GEMV_ROWS go to oneDNN or torch's int8 matmul, whose rounding may differ."""
     from nanoserve.model import fetch
     folder = fetch.fetch_named("smollm2-135m")  # cached on a machine that has run it once
-    config = EngineConfig(num_kv_blocks=64, max_num_batched_tokens=256)
+    config = EngineConfig(num_kv_blocks=64, max_num_batched_tokens=256, quantization=quantization)
     plain = LLM(folder, "cpu", "bfloat16", config=config)
     spec = LLM(folder, "cpu", "bfloat16", config=config,
                speculative_config=ngram(4, prompt_lookup_min=2, prompt_lookup_max=4))

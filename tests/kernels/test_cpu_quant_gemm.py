@@ -4,6 +4,8 @@
 Tolerances, per output, with S = |x| @ |W|^T (the sum of the products' magnitudes): fp32 sums in
 another order, 1e-5 S. bf16: the reference rounds each dequantized weight to bf16 (2^-9 relative),
 the GEMV keeps it in fp32, and both round the output once (2^-8 relative), so 2^-8 S + 2^-7 |y|.
+int8 codes times bf16 x on x86 take x as 16-bit integers in blocks of 32 (cpu_quant_gemv.cpp's
+int16_x): each x value off by at most 2^-15 of its block's largest magnitude B, so + 2^-15 B @ |W|^T.
 Dequantization into the buffer is the reference's arithmetic (code * scale in fp32, rounded once):
 equal exactly, for every one of the 256 fp8 codes too.
 """
@@ -32,7 +34,15 @@ def within(got, x, q, s, bias):
     want = quantized_linear(x, q, s, bias).float()
     S = x.float().abs() @ dequantize_weight(q, s).abs().T
     tol = 1e-5 * S + 1e-6 if x.dtype == torch.float32 else 2 ** -8 * S + 2 ** -7 * want.abs() + 1e-6
+    if x.dtype == torch.bfloat16 and q.dtype == torch.int8 and x.shape[1] % 32 == 0:
+        tol = tol + 2 ** -15 * block_largest(x) @ dequantize_weight(q, s).abs().T
     return bool(((got.float() - want).abs() <= tol).all()), (got.float() - want).abs().max().item()
+
+
+def block_largest(x):
+    """Each value's block's largest magnitude, blocks of 32 along a row."""
+    b = x.float().abs().view(x.shape[0], -1, 32).amax(-1, keepdim=True)
+    return b.expand(-1, -1, 32).reshape(x.shape)
 
 
 def make(out, inp, method, group, dtype, bias, seed):
@@ -73,6 +83,58 @@ def test_the_gemv_with_several_groups_a_row(method, group, inp):
         torch.ops.nanoserve_cpu.quant_gemv(y, x[:rows].contiguous(), q, s, b)
         ok, err = within(y, x[:rows], q, s, b)
         assert ok, f"max error {err:.3g}"
+
+
+@pytest.mark.parametrize("method", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_code_at_every_position_exactly(method, dtype):
+    """x one-hot at each of 128 positions (8 rows a call) picks one code a row: every code (but
+    e4m3's two NaN codes, which the quantizer never writes) at every position of two 64-value blocks
+    comes out as its value times the (power-of-two) scale, exactly. Catches a wrong table entry, a
+    lane order the staged x does not match, a sign mishandled."""
+    codes = (torch.arange(256).view(256, 1) + torch.arange(128).view(1, 128)) % 256
+    if method == "fp8":  # 0 in place of the NaN codes: a NaN weight times a zero x is NaN
+        codes[(codes & 0x7F) == 0x7F] = 0
+    q = codes.to(torch.uint8).view(torch.int8 if method == "int8" else torch.float8_e4m3fn)
+    s = torch.full((256, 1), 0.25)
+    want = dequantize_weight(q, s).T  # (128 positions, 256 rows)
+    for j in range(0, 128, 8):
+        x = torch.zeros(8, 128, dtype=dtype)
+        x[torch.arange(8), j + torch.arange(8)] = 1
+        y = torch.empty(8, 256, dtype=dtype)
+        torch.ops.nanoserve_cpu.quant_gemv(y, x, q, s, None)
+        w = want[j:j + 8].to(dtype).float()
+        assert (y.float() == w).all(), j
+
+
+@pytest.mark.parametrize("group", [None, 32, 64])
+def test_int8_with_bf16_x_of_any_magnitude(group):
+    """bf16 x from subnormal to near bf16's largest, blocks of 32 spread over 2^-8..2^8 with values
+    far below their block's largest, an all-zero block, against float64: within 2^-15 of each
+    block's largest (its 16-bit integers), the sums' fp32 rounding and the output's bf16 rounding;
+    1-5 rows, per channel and grouped. A block holding inf or NaN makes its row NaN. (Past 2^110 a
+    row's sum before its scale per channel overflows fp32: the kernel's stated range.)"""
+    g = torch.Generator().manual_seed(7)
+    q, s, _ = make(40, 448, "int8", group, torch.bfloat16, False, 11)
+    w = q.double() * s.double().repeat_interleave(448 // s.shape[1], 1)
+    for e in (-140, -130, -126, -120, -60, -1, 0, 7, 60, 100):
+        spread = torch.pow(2.0, torch.randint(-8, 9, (5, 14, 1), generator=g).double())
+        x = (torch.randn(5, 14, 32, generator=g, dtype=torch.float64) * spread * 2.0 ** e).view(5, 448)
+        x[:, 64:96] = 0  # an all-zero block
+        x[:, ::7] *= 2.0 ** -12  # values far below their block's largest
+        x = x.to(torch.bfloat16)
+        for rows in range(1, 6):
+            y = torch.empty(rows, 40, dtype=torch.bfloat16)
+            torch.ops.nanoserve_cpu.quant_gemv(y, x[:rows].contiguous(), q, s, None)
+            want = x[:rows].double() @ w.T
+            tol = 2 ** -15 * block_largest(x[:rows]).double() @ w.abs().T \
+                + 2 ** -20 * x[:rows].double().abs() @ w.abs().T + 2 ** -8 * want.abs() + 2.0 ** -133
+            assert ((y.double() - want).abs() <= tol).all(), (e, rows)
+    bad = torch.randn(3, 448).to(torch.bfloat16)
+    bad[1, 5], bad[2, 300] = float("inf"), float("nan")
+    y = torch.empty(3, 40, dtype=torch.bfloat16)
+    torch.ops.nanoserve_cpu.quant_gemv(y, bad, q, s, None)
+    assert y[0].isfinite().all() and y[1:].isnan().all()
 
 
 @pytest.mark.parametrize("method", ["int8", "fp8"])
@@ -128,12 +190,12 @@ def test_a_gemv_row_does_not_depend_on_the_rows_beside_it(method, group, dtype):
 
 
 @pytest.mark.parametrize("dtype,rows,want", [
-    (torch.bfloat16, 1, "gemv"), (torch.bfloat16, 2, "gemv"), (torch.bfloat16, 3, "int8pack"),
-    (torch.bfloat16, 64, "int8pack"), (torch.bfloat16, 65, "dequantize"), (torch.float32, 1, "gemv"),
-    (torch.float32, 8, "gemv"), (torch.float32, 9, "dequantize")])
+    (torch.bfloat16, 1, "gemv"), (torch.bfloat16, 3, "gemv"), (torch.bfloat16, 8, "gemv"),
+    (torch.bfloat16, 9, "int8pack"), (torch.bfloat16, 64, "int8pack"), (torch.bfloat16, 65, "dequantize"),
+    (torch.float32, 1, "gemv"), (torch.float32, 8, "gemv"), (torch.float32, 9, "dequantize")])
 def test_each_batch_goes_to_its_kernel(dtype, rows, want, monkeypatch):
-    """int8 per channel: the GEMV for 1-2 rows; then torch's int8 matmul for bf16 activations (its
-    fp32 kernel is slow) up to INT8PACK_ROWS; fp32 keeps the GEMV to GEMV_ROWS, then dequantizes."""
+    """int8 per channel: the GEMV up to GEMV_ROWS (a verify's rows as decode's); then torch's int8
+    matmul for bf16 activations (its fp32 kernel is slow) up to INT8PACK_ROWS, else dequantized."""
     q, s, _ = make(48, 64, "int8", None, dtype, False, 1)
     layer = cpu_quant_gemm.QuantizedCpuLinear(q, s, None, cpu_quant_gemm.DequantBuffer(q.numel()))
     calls = []
@@ -193,6 +255,9 @@ for method in ("int8", "fp8"):
             y = torch.empty(rows, 96)
             torch.ops.nanoserve_cpu.quant_gemv(y, x, q, s, None)
             torch.testing.assert_close(y, quantized_linear(x, q, s), rtol=1e-5, atol=1e-4)
+            xb, yb = x.bfloat16(), y.bfloat16()  # int8: int16_x's products without VNNI on x86-64-v3
+            torch.ops.nanoserve_cpu.quant_gemv(yb, xb, q, s, None)
+            torch.testing.assert_close(yb.float(), quantized_linear(xb.float(), q, s), rtol=2e-2, atol=2e-2)
         d = torch.empty(96, 256)
         torch.ops.nanoserve_cpu.quant_dequantize(d, q, s)
         assert torch.equal(d, dequantize_weight(q, s))
