@@ -114,10 +114,10 @@ def test_max_tokens_holds_inside_an_accepted_run(demo):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not cpu_build.available(), reason="the C++ CPU ops are not built here")
-@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize("quantization", [None, "int8", "fp8"])
 def test_bf16_at_batch_1_speculation_changes_no_bit(quantization):
     """In bf16 a verify row is computed as the one-row decode step it replaces (the GEMV, over bf16
-    weights or int8 codes, and the decode attention sum a row as they would alone), so at batch 1
+    weights or 8-bit codes, and the decode attention sum a row as they would alone), so at batch 1
     speculation changes no token of the real model, where fp32 is checked against HF above.
     (Before, 11 of 16 of lesson 12's requests differed somewhere in 96 tokens.) Verifies of more
     rows than GEMV_ROWS go to oneDNN or torch's int8 matmul, whose rounding may differ."""
