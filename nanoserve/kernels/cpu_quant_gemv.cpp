@@ -264,8 +264,9 @@ void rows(const uint8_t* q, const float* scale, const float* x, float* y, int64_
 // exactly unless it is more than 2^7 below its block's largest; any value's error is at most 2^-16
 // times 2^e, under 2^-15 of its block's largest. A code times a 16-bit value is exact, and so are
 // the sums of four of them a 32-bit lane holds per block (below 2^24): one conversion to fp32 per
-// block, times the block's scale and the code's, into the row's fp32 sum. Two instructions per 16
-// codes (three without VNNI) where widening each code to fp32 takes four.
+// block, times the block's scale and the code's, into the row's fp32 sum. Per 16 codes: a sign
+// extension, then one dot-product instruction per x row (two without VNNI); widening to fp32 took
+// six (an extension, a conversion and a multiply-add per 8 codes).
 namespace int16_x {
 
 constexpr int64_t kBlock = 32;
@@ -379,7 +380,7 @@ void rows(const int8_t* q, const float* wscale, const int16_t* xq, const float* 
 // bf16: two byte permutes over 128-entry tables give the low and high byte (vpermi2b reads seven
 // index bits, the code's magnitude), the code's sign goes into the high byte, and two byte unpacks
 // make words of them. vdpbf16ps then multiplies each pair by x's pair (products exact in fp32) into
-// fp32 sums. Five instructions per 64 codes and two per x row, where widening to fp32 takes four per
+// fp32 sums. Five instructions per 64 codes and two per x row, where widening to fp32 takes five per
 // 8 codes. The unpacks interleave within 128-bit lanes, so x is staged in their order. vdpbf16ps
 // reads subnormal bf16 as zero: an x below 2^-126 counts as zero.
 namespace bf16_x {
