@@ -60,18 +60,13 @@ const Ops& ops() {
 
 // A linear as cpu_gemm.py / cpu_quant_gemm.py run it for a few rows: [weight] or [weight, bias]
 // for the float GEMV; [codes, scales] or [codes, scales, bias] for the GEMV over 8-bit codes
-// (scales fp32, a column per group), or for torch's weight-only int8 matmul (scales a vector in the
-// activations' dtype: int8 codes a scale per channel from three rows of bf16 activations).
+// (scales fp32, a column per group).
 at::Tensor linear(const at::Tensor& x, const std::vector<at::Tensor>& w) {
   const bool codes = w.at(0).scalar_type() == at::kChar || w[0].scalar_type() == at::kFloat8_e4m3fn;
   const size_t n = codes ? 2 : 1;
   TORCH_CHECK(w.size() == n || w.size() == n + 1, "decode_layer: a linear is [weight(, bias)] or "
               "[codes, scales(, bias)], got ", w.size(), " tensors");
   const OptTensor bias = w.size() > n ? OptTensor(w[n]) : std::nullopt;
-  if (codes && w[1].dim() == 1) {
-    const at::Tensor y = at::_weight_int8pack_mm(x, w[0], w[1]);
-    return bias ? y + *bias : y;
-  }
   at::Tensor y = at::empty({x.size(0), w[0].size(0)}, x.options());
   if (codes)
     ops().quant_gemv.call(y, x, w[0], w[1], bias);

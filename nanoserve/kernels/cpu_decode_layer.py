@@ -12,8 +12,7 @@ It returns None, and the layer runs op by op, for anything else:
 - a step of more than MAX_ROWS tokens (a prefill chunk, a large batch): its linears take a
   matmul and attention SDPA;
 - a layer whose linears would not run a GEMV (`gemv_operands` of cpu_gemm.PackedLinear and
-  cpu_quant_gemm.QuantizedCpuLinear) or torch's int8 matmul (`int8pack_operands`) at these rows,
-  or with RMSNorm on q and k (Qwen3).
+  cpu_quant_gemm.QuantizedCpuLinear) at these rows, or with RMSNorm on q and k (Qwen3).
 An fp8 cache is written and read by the same ops as op by op, with the layer's scales.
 Only the CPU backend's kernel namespace holds it (kernels.get_ops): a namespace with a kernel of
 the learner's (kernel_ops, use_kernels) has none, so their kernel always runs.
@@ -36,11 +35,8 @@ _linears: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _linear(m, dtype: torch.dtype, rows: int) -> list[torch.Tensor] | None:
     """A linear's tensors for the op ([weight(, bias)] or [codes, scales(, bias)]), if the module
-    runs its GEMV, or torch's int8 matmul, on `rows` rows of `dtype` activations (the module
-    says); else None."""
+    runs its GEMV on `rows` rows of `dtype` activations (the module says); else None."""
     operands = m.gemv_operands(dtype, rows) if hasattr(m, "gemv_operands") else None
-    if operands is None and hasattr(m, "int8pack_operands"):
-        operands = m.int8pack_operands(dtype, rows)
     return None if operands is None else [t for t in operands if t is not None]
 
 

@@ -71,30 +71,17 @@ class QuantizedCpuLinear(nn.Module):
         # torch's kernel reads 32 input values at a time (other sizes crash it)
         self.int8pack = (qweight.dtype == torch.int8 and weight_scale.shape[1] == 1
                          and self.in_features % 32 == 0)
-        self.scales = {}  # the per-channel scales in each activation dtype, for _weight_int8pack_mm
+        self.int8pack_scale = None  # the per-channel scales in bf16, for _weight_int8pack_mm, made once
 
     def _runs_on(self, x_dtype: torch.dtype) -> bool:
         """Do the C++ paths take these activations (else the reference)?"""
         return x_dtype in ACTIVATION_DTYPES and (self.bias is None or self.bias.dtype == x_dtype)
-
-    def _int8pack(self, x_dtype: torch.dtype, rows: int) -> bool:
-        return self.int8pack and x_dtype == torch.bfloat16 and rows <= INT8PACK_ROWS
 
     def gemv_operands(self, x_dtype: torch.dtype, rows: int) -> tuple | None:
         """(codes, scales, bias) the GEMV over codes takes for `rows` rows of activations, or None
         where forward runs another path (cpu_decode_layer asks too)."""
         few = rows <= GEMV_ROWS
         return (self.qweight, self.weight_scale, self.bias) if few and self._runs_on(x_dtype) else None
-
-    def int8pack_operands(self, x_dtype: torch.dtype, rows: int) -> tuple | None:
-        """(codes, scales in x_dtype, bias) torch's weight-only int8 matmul takes for `rows` rows
-        of activations, or None where forward runs another path (cpu_decode_layer asks too)."""
-        if rows <= GEMV_ROWS or not self._int8pack(x_dtype, rows) or not self._runs_on(x_dtype):
-            return None
-        scale = self.scales.get(x_dtype)
-        if scale is None:
-            scale = self.scales[x_dtype] = self.weight_scale[:, 0].to(x_dtype)
-        return self.qweight, scale, self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._runs_on(x.dtype):
@@ -105,11 +92,11 @@ class QuantizedCpuLinear(nn.Module):
             y = x.new_empty(rows, self.out_features)
             torch.ops.nanoserve_cpu.quant_gemv(y, x.reshape(rows, -1).contiguous(), *operands)
             return y.view(*x.shape[:-1], self.out_features)
-        operands = self.int8pack_operands(x.dtype, rows)
-        if operands is not None:
-            codes, scale, bias = operands
-            y = torch._weight_int8pack_mm(x.reshape(rows, -1).contiguous(), codes, scale)
-            y = y if bias is None else y + bias
+        if self.int8pack and x.dtype == torch.bfloat16 and rows <= INT8PACK_ROWS:  # past the GEMV's rows
+            if self.int8pack_scale is None:
+                self.int8pack_scale = self.weight_scale[:, 0].to(torch.bfloat16)
+            y = torch._weight_int8pack_mm(x.reshape(rows, -1).contiguous(), self.qweight, self.int8pack_scale)
+            y = y if self.bias is None else y + self.bias
             return y.view(*x.shape[:-1], self.out_features)
         w = self.buffer.get((self.out_features, self.in_features), x.dtype)
         torch.ops.nanoserve_cpu.quant_dequantize(w, self.qweight, self.weight_scale)
