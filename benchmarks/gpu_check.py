@@ -2,9 +2,10 @@
 """One prepared GPU run: kernel tests, HF equivalence, ceilings, nanoserve vs HF benchmarks.
 
 Sections, in order (each guarded: an error or a skip is recorded, and the run moves on):
-  kernel_tests     pytest tests/kernels on CUDA: pass/fail counts
+  kernel_tests     pytest tests/kernels on CUDA (the C++ CPU ops' files left out): pass/fail counts
   equivalence      tiny random Llama and Qwen2 saved by transformers, fp32: nanoserve greedy (CUDA
-                   graphs and eager) == HF generate, token for token; bf16 logit errors as info
+                   graphs and eager, and with ngram and draft-model speculation) == HF generate, token
+                   for token; bf16 logit errors as info
   ceilings         copy bandwidth (bytes read + written), matmul TFLOP/s (roofline.measure_ceilings)
   nanoserve_*      preset:qwen2.5-0.5b, bf16: decode B=1/8/32/128 (CUDA graphs of every size up to
                    max_num_seqs), prefill 128-8192 tokens (flash prefill kernel; *_sdpa: the reference
@@ -12,7 +13,13 @@ Sections, in order (each guarded: an error or a skip is recorded, and the run mo
                    seed 0, EOS ignored); *_eager_*: the same with enforce_eager (no CUDA graphs)
   prefill_attention  attention alone at 128-8192 tokens: flash kernel, reference, plain SDPA (MFU)
   nanoserve_decode_8b  batch-1 and batch-8 decode on Llama-3-8B shapes (bf16, 16 GB of weights): the
-                   bandwidth utilisation a decode step reaches when the weights, not the host, dominate
+                   bandwidth utilisation a decode step reaches when the weights, not the host, dominate;
+                   and one 4096-token prefill (compute-bound)
+  nanoserve_decode_8b_int8, _fp8, _fp8_w8a16  the same with 8-bit weights: int8 (W8A16, the Triton
+                   kernel), fp8 (W8A8 on fp8 tensor cores where the card has them, kernels/fp8_w8a8.py)
+                   and fp8 as W8A16 (the card's fp8 tensor cores hidden while the engine loads)
+  nanoserve_decode_kv_fp8  the sections' model with an fp8 KV cache: blocks in the same memory and
+                   the decode sweep
   lesson_00..03, lesson_05  each lesson's experiment at its GPU size (Llama-3.2-1B shapes) through the
                    calls its cells make; their series are written as the lessons' GPU reference data,
                    reference_data/<gpu>.json beside the JSON (copy it to nanoserve/course/reference_data/)
@@ -78,6 +85,8 @@ GROUPS = {  # child process -> (its time limit on a GPU, {its sections in order:
     "attention": (30, {"prefill_attention": 10}),
     "big": (60, {"nanoserve_decode_8b": 40}),
     "big_int8": (60, {"nanoserve_decode_8b_int8": 40}),
+    "big_fp8": (100, {"nanoserve_decode_8b_fp8": 40, "nanoserve_decode_8b_fp8_w8a16": 40}),
+    "kv_fp8": (60, {"nanoserve_decode_kv_fp8": 20}),
     "lessons": (120, {"lesson_00": 10, "lesson_01": 20, "lesson_02": 15, "lesson_03": 30}),
     "lesson": (90, {"lesson_05": 30}),
     "hf": (110, {"hf_decode": 10, "hf_decode_static": 15, "hf_prefill": 8, "hf_decode_compiled": 50}),
@@ -97,8 +106,8 @@ SHAPES = {
                 kv_bytes=64 << 20, max_seqs=16, max_batched=256, max_model_len=512, graph_sizes=[1, 2, 4],
                 kernel_k="constant_vector or known_angles"),  # Triton's interpreter: a small subset
 }
-BIG = {"gpu": dict(model="preset:llama-3-8b", decode_batches=[1, 8], kv_bytes=8 << 30),
-       "dry": dict(model="preset:tiny", decode_batches=[1, 2], kv_bytes=16 << 20)}
+BIG = {"gpu": dict(model="preset:llama-3-8b", decode_batches=[1, 8], kv_bytes=8 << 30, prefill_len=4096),
+       "dry": dict(model="preset:tiny", decode_batches=[1, 2], kv_bytes=16 << 20, prefill_len=48)}
 # HBM bandwidth on NVIDIA's datasheets (bytes/s), matched by a substring of the GPU's name
 HBM_DATASHEET = {"H200": 4.8e12, "H100 80GB HBM3": 3.35e12, "A100-SXM4-80GB": 2.039e12}
 
@@ -211,8 +220,10 @@ def sec_kernel_tests(ctx):
     if ctx.dry:
         cmd += ["-k", ctx.S["kernel_k"]]
         env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    elif importlib.util.find_spec("xdist"):  # Triton compiles dominate: spread them over CPU cores
-        cmd += ["-n", "4"]
+    else:  # the C++ CPU ops are not what a GPU run checks, and their build takes a minute
+        cmd += ["--ignore-glob", "tests/kernels/test_cpu_*"]
+        if importlib.util.find_spec("xdist"):  # Triton compiles dominate: spread them over CPU cores
+            cmd += ["-n", "4"]
     try:
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=max(9, ctx.left() - 3))
     except subprocess.TimeoutExpired as e:
@@ -279,8 +290,14 @@ def sec_equivalence(ctx):
         with torch.no_grad():
             refs = [hf.generate(torch.tensor([p], device=dev), max_new_tokens=n_new, min_new_tokens=n_new,
                                 do_sample=False)[0, len(p):].tolist() for p in prompts]
-        for name, eager in variants:
-            llm = LLM(folder, device=dev, dtype="float32", config=EngineConfig(
+        # speculation's verify steps run eagerly beside graph-replayed decode steps; the draft is
+        # the target itself, so every draft is accepted and every verify step is full
+        speculation = [("ngram", {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                                  "prompt_lookup_min": 1}),
+                       ("draft", {"method": "draft_model", "model": folder, "num_speculative_tokens": 3})]
+        for name, eager, spec in [(n, e, None) for n, e in variants] + [
+                (f"{variants[0][0]}_{n}", variants[0][1], c) for n, c in speculation]:
+            llm = LLM(folder, device=dev, dtype="float32", speculative_config=spec, config=EngineConfig(
                 block_size=8, num_kv_blocks=256, max_num_seqs=8, max_num_batched_tokens=64,
                 cuda_graph_batch_sizes=[1, 2, 4, 8], enforce_eager=eager))
             outs = llm.generate(prompts, SamplingParams(max_tokens=n_new, temperature=0.0))
@@ -331,15 +348,18 @@ def sec_ceilings(ctx):
         ctx.fig(name, 10 * work / statistics.median(times), unit)
 
 
-def step_cost(ctx, batch, model: str | None = None, weight_bytes: float | None = None):
+def step_cost(ctx, batch, model: str | None = None, weight_bytes: float | None = None,
+              kv_dtype_bytes: int | None = None):
     """Compulsory FLOPs and bytes of one step of `model` (default: the sections' model);
-    weight_bytes: per weight of the linears, where they are quantized."""
+    weight_bytes: per weight of the linears, where they are quantized; kv_dtype_bytes: per KV
+    value, where the cache is fp8."""
     from nanoserve.measure.roofline import dtype_bytes, step_cost
-    return step_cost(ctx.config(model), batch, dtype_bytes(ctx.S["dtype"]), weight_dtype_bytes=weight_bytes)
+    return step_cost(ctx.config(model), batch, dtype_bytes(ctx.S["dtype"]), kv_dtype_bytes=kv_dtype_bytes,
+                     weight_dtype_bytes=weight_bytes)
 
 
 def decode_sweep(ctx, step_times, note: str, batches=None, model: str | None = None,
-                 weight_bytes: float | None = None):
+                 weight_bytes: float | None = None, kv_dtype_bytes: int | None = None):
     """step_times(prompts, n_tokens) -> seconds of each full-batch decode step; figures per batch,
     with the compulsory bytes per step over the step's time (GB/s)."""
     from nanoserve.measure.roofline import decode_batch
@@ -353,7 +373,7 @@ def decode_sweep(ctx, step_times, note: str, batches=None, model: str | None = N
         itl = statistics.median(steps[2:] or steps)
         ctx.fig(f"decode_B{B}_tokens_per_s", B / itl, "tokens/s")
         ctx.fig(f"decode_B{B}_itl", itl * 1e3, "ms")
-        cost = step_cost(ctx, decode_batch(B, context), model, weight_bytes)
+        cost = step_cost(ctx, decode_batch(B, context), model, weight_bytes, kv_dtype_bytes)
         ctx.fig(f"decode_B{B}_GBps", cost.total_bytes / itl / 1e9, "GB/s (compulsory bytes / step time)")
 
 
@@ -379,9 +399,11 @@ def throughput(ctx, seconds: float, reqs, n_out: int, **info) -> None:
 
 
 def nanoserve_decode(ctx, eager: bool, llm=None, batches=None, model: str | None = None,
-                     weight_bytes: float | None = None):
+                     weight_bytes: float | None = None, kv_dtype_bytes: int | None = None):
     from nanoserve import SamplingParams
     llm, batches = llm or ctx.llm(eager), batches or ctx.S["decode_batches"]
+    if model is None:
+        ctx.fig("num_kv_blocks", llm.engine.num_kv_blocks, f"blocks in {ctx.S['kv_bytes'] >> 20} MiB")
 
     def step_times(prompts, n):
         llm.engine.trace.clear()
@@ -391,12 +413,13 @@ def nanoserve_decode(ctx, eager: bool, llm=None, batches=None, model: str | None
     graphs = llm.engine.executor.graphs
     ctx.info(cuda_graphs=bool(graphs is not None and graphs.enabled))
     decode_sweep(ctx, step_times, "median wall time of an engine step decoding the whole batch",
-                 batches, model, weight_bytes)
+                 batches, model, weight_bytes, kv_dtype_bytes)
     if graphs is not None and graphs.enabled:
-        graph_replay(ctx, graphs, batches, model, weight_bytes)
+        graph_replay(ctx, graphs, batches, model, weight_bytes, kv_dtype_bytes)
 
 
-def graph_replay(ctx, graphs, batches, model: str | None, weight_bytes: float | None = None) -> None:
+def graph_replay(ctx, graphs, batches, model: str | None, weight_bytes: float | None = None,
+                 kv_dtype_bytes: int | None = None) -> None:
     """GPU time of the captured decode forward alone (no lm_head, sampling or host work): what
     the step would take if the engine's Python cost were zero. The buffers hold the last step's
     inputs, whose blocks are free by now, so replaying writes only to unused KV slots."""
@@ -407,29 +430,57 @@ def graph_replay(ctx, graphs, batches, model: str | None, weight_bytes: float | 
         graph = graphs.graphs[B]
         graph.replay()
         t = statistics.median(ctx.timed(lambda: [graph.replay() for _ in range(20)]) / 20 for _ in range(5))
-        cost = step_cost(ctx, decode_batch(B, ctx.decode_context()), model, weight_bytes)
+        cost = step_cost(ctx, decode_batch(B, ctx.decode_context()), model, weight_bytes, kv_dtype_bytes)
         ctx.fig(f"decode_B{B}_graph_replay", t * 1e3, "ms (model forward, no lm_head)")
         ctx.fig(f"decode_B{B}_graph_replay_GBps", (cost.total_bytes - cost.bytes["lm_head"]) / t / 1e9,
                 "GB/s (compulsory bytes without lm_head / replay time)")
 
 
-def sec_nanoserve_decode_8b(ctx, quantization: str | None = None):
-    """Decode on the largest preset: a step reads 16 GB, so the GPU, not the host, sets its time."""
-    from nanoserve import LLM, EngineConfig
-    from nanoserve.measure.roofline import quantized_weight_bytes
+def sec_nanoserve_decode_8b(ctx, quantization: str | None = None, w8a8: bool = True):
+    """Decode on the largest preset: a step reads 16 GB, so the GPU, not the host, sets its time.
+    Then one long prompt's prefill, where the matmuls' rate sets it. w8a8 False: fp8 codes run
+    the W8A16 kernel, as on a card without fp8 tensor cores."""
+    from unittest import mock
+
+    from nanoserve import LLM, EngineConfig, SamplingParams
+    from nanoserve.kernels import fp8_w8a8
+    from nanoserve.measure.roofline import prefill_batch, quantized_weight_bytes
     big = BIG["dry" if ctx.dry else "gpu"]
-    top = max(big["decode_batches"])
+    top, P = max(big["decode_batches"]), big["prefill_len"]
     cfg = EngineConfig(block_size=16, kv_cache_memory=big["kv_bytes"], max_num_seqs=top,
-                       max_num_batched_tokens=ctx.S["prompt_len"] * top,
-                       max_model_len=2048, enable_prefix_caching=False,
+                       max_num_batched_tokens=max(ctx.S["prompt_len"] * top, P),
+                       max_model_len=max(2048, P + 16), enable_prefix_caching=False,
                        cuda_graph_batch_sizes=big["decode_batches"])
     t = time.perf_counter()
-    llm = LLM(big["model"], device=ctx.dev, dtype=ctx.S["dtype"], seed=0, config=cfg,
-              quantization=quantization)
-    ctx.info(model=big["model"], quantization=quantization, load_s=round(time.perf_counter() - t, 2))
-    ctx.info(linears=sorted({type(m).__name__ for m in llm.engine.model.modules() if hasattr(m, "qweight")}))
-    nanoserve_decode(ctx, False, llm, big["decode_batches"], big["model"],
-                     quantized_weight_bytes(llm.engine.model))
+    with mock.patch.object(fp8_w8a8, "has_fp8_tensor_cores", fp8_w8a8.has_fp8_tensor_cores if w8a8
+                           else lambda device: False):
+        llm = LLM(big["model"], device=ctx.dev, dtype=ctx.S["dtype"], seed=0, config=cfg,
+                  quantization=quantization)
+    mods = [m for m in llm.engine.model.modules() if hasattr(m, "qweight")]
+    ctx.info(model=big["model"], quantization=quantization, load_s=round(time.perf_counter() - t, 2),
+             linears=sorted({type(m).__name__ for m in mods}),
+             w8a8_linears=sum(bool(getattr(m, "w8a8", False)) for m in mods))
+    weight_bytes = quantized_weight_bytes(llm.engine.model)
+    nanoserve_decode(ctx, False, llm, big["decode_batches"], big["model"], weight_bytes)
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    times = [ctx.timed(lambda: llm.generate([p], one)) for p in ctx.prompts(4, P, P, big["model"])][1:]
+    ctx.fig(f"prefill_{P}_time", statistics.median(times) * 1e3, "ms (one prompt, max_tokens=1: TTFT)")
+    cost = step_cost(ctx, prefill_batch(P), big["model"], weight_bytes)
+    ctx.fig(f"prefill_{P}_TFLOPs", cost.total_flops / statistics.median(times) / 1e12,
+            "TFLOP/s (useful FLOPs / time)")
+
+
+def sec_nanoserve_decode_kv_fp8(ctx):
+    """The sections' model with an fp8 KV cache: the same KV memory holds twice bf16's blocks; the
+    decode sweep says what reading one byte a value (and dequantizing it in the tile) costs."""
+    from nanoserve import LLM, EngineConfig
+    S = ctx.S
+    cfg = EngineConfig(block_size=16, kv_cache_memory=S["kv_bytes"], max_num_seqs=S["max_seqs"],
+                       max_num_batched_tokens=S["max_batched"], max_model_len=S["max_model_len"],
+                       enable_prefix_caching=False, cuda_graph_batch_sizes=S["graph_sizes"],
+                       kv_cache_dtype="fp8")
+    llm = LLM(S["model"], device=ctx.dev, dtype=S["dtype"], seed=0, config=cfg)
+    nanoserve_decode(ctx, False, llm, kv_dtype_bytes=1)
 
 
 def sec_lesson_05(ctx):
@@ -548,6 +599,9 @@ SECTION_FNS = {
     "nanoserve_decode_8b": sec_nanoserve_decode_8b, "hf_decode": sec_hf_decode,
     # int8 weights (W8A16, triton_quant_linear's kernel on a GPU): half the linears' bytes a step
     "nanoserve_decode_8b_int8": lambda c: sec_nanoserve_decode_8b(c, "int8"),
+    "nanoserve_decode_8b_fp8": lambda c: sec_nanoserve_decode_8b(c, "fp8"),
+    "nanoserve_decode_8b_fp8_w8a16": lambda c: sec_nanoserve_decode_8b(c, "fp8", w8a8=False),
+    "nanoserve_decode_kv_fp8": sec_nanoserve_decode_kv_fp8,
     "nanoserve_prefill_sdpa": lambda c: more.sec_nanoserve_prefill_sdpa(c, prefill_sweep),
     "prefill_attention": more.sec_prefill_attention,
     **{f"lesson_{n}": (lambda c, n=n: more.sec_lesson(c, n)) for n in ("00", "01", "02", "03")},
@@ -640,6 +694,15 @@ def summary(sections: dict, gpu: str | None = None) -> dict:
         pairs[f"decode_B{B}_graphs_over_eager"] = ("nanoserve_decode", "nanoserve_eager_decode", fig)
         pairs[f"decode_B{B}_nanoserve_over_hf_static"] = ("nanoserve_decode", "hf_decode_static", fig)
         pairs[f"decode_B{B}_nanoserve_over_hf_compiled"] = ("nanoserve_decode", "hf_decode_compiled", fig)
+        pairs[f"decode_B{B}_kv_fp8_over_bf16"] = ("nanoserve_decode_kv_fp8", "nanoserve_decode", fig)
+    pairs["kv_blocks_fp8_over_bf16"] = ("nanoserve_decode_kv_fp8", "nanoserve_decode", "num_kv_blocks")
+    for q in ("int8", "fp8", "fp8_w8a16"):  # 8-bit weights against bf16 on the 8B shapes
+        for B in sorted({*BIG["gpu"]["decode_batches"], *BIG["dry"]["decode_batches"]}):
+            pairs[f"8b_decode_B{B}_{q}_over_bf16"] = (f"nanoserve_decode_8b_{q}", "nanoserve_decode_8b",
+                                                      f"decode_B{B}_tokens_per_s")
+        for P in sorted({BIG["gpu"]["prefill_len"], BIG["dry"]["prefill_len"]}):
+            pairs[f"8b_prefill_{P}_{q}_over_bf16"] = (f"nanoserve_decode_8b_{q}", "nanoserve_decode_8b",
+                                                      f"prefill_{P}_TFLOPs")
     for P in sorted({*SHAPES["gpu"]["prefill_lens"], *SHAPES["dry"]["prefill_lens"]}):
         fig = f"prefill_{P}_tokens_per_s"
         pairs[f"prefill_{P}_flash_over_sdpa"] = ("nanoserve_prefill", "nanoserve_prefill_sdpa", fig)
@@ -653,7 +716,8 @@ def summary(sections: dict, gpu: str | None = None) -> dict:
     copy, peak = value("ceilings", "copy_bandwidth"), value("ceilings", "matmul_bfloat16")
     hbm = next((bw / 1e9 for key, bw in HBM_DATASHEET.items() if gpu and key in gpu), None)
     for sec in ("nanoserve_decode", "nanoserve_eager_decode", "hf_decode", "hf_decode_static",
-                "hf_decode_compiled", "nanoserve_decode_8b"):
+                "hf_decode_compiled", "nanoserve_decode_8b", "nanoserve_decode_8b_int8",
+                "nanoserve_decode_8b_fp8", "nanoserve_decode_8b_fp8_w8a16", "nanoserve_decode_kv_fp8"):
         for fig, v in sections.get(sec, {}).get("figures", {}).items():
             if fig.endswith("GBps"):
                 stem = f"{sec}_{fig.removesuffix('_GBps').removeprefix('decode_')}"

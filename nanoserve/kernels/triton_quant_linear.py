@@ -10,8 +10,9 @@ a K-step lies in one group; per-channel scales are one group of all K.
 
 `pack_quantized(model)` puts a CUDA model's quantized linears on it (kernels.process_weights_
 after_loading on the Triton backend). Activations other than fp32, fp16 and bf16, and groups of
-fewer than 16 values, take the reference. Left out: activation quantization (W8A8 on fp8 tensor
-cores), split-K for batch-1 decode, autotuning.
+fewer than 16 values, take the reference. Per-channel fp8 codes with bf16 activations on a card
+with fp8 tensor cores take fp8_w8a8.py's W8A8 product instead. Left out: split-K for batch-1
+decode, autotuning.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import triton.language as tl
 from torch import nn
 
 from nanoserve import env
+from nanoserve.kernels import fp8_w8a8
 from nanoserve.kernels.quantization import is_quantized_linear
 from nanoserve.kernels.quantization import quantized_linear as reference_linear
 
@@ -94,7 +96,8 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch
 
 
 class QuantizedTritonLinear(nn.Module):
-    """A quantized linear computed by the Triton kernel; holds `qweight`, `weight_scale`, `bias`."""
+    """A quantized linear computed by the Triton kernel; holds `qweight`, `weight_scale`, `bias`.
+    `w8a8`: bf16 activations are quantized per token for fp8 tensor cores (fp8_w8a8.runs_w8a8)."""
 
     def __init__(self, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -102,8 +105,11 @@ class QuantizedTritonLinear(nn.Module):
         self.register_buffer("weight_scale", weight_scale.contiguous())
         self.bias = bias
         self.out_features, self.in_features = qweight.shape
+        self.w8a8 = fp8_w8a8.runs_w8a8(self.qweight, self.weight_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w8a8 and x.dtype == torch.bfloat16:
+            return fp8_w8a8.fp8_w8a8_linear(x, self.qweight, self.weight_scale, self.bias)
         return quantized_linear(x, self.qweight, self.weight_scale, self.bias)
 
 

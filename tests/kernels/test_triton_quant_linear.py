@@ -71,3 +71,17 @@ def test_pack_quantized_swaps_every_quantized_linear(triton_quant, device):
     triton_quant.pack_quantized(model)
     assert isinstance(model[0], triton_quant.QuantizedTritonLinear) and isinstance(model[2], nn.Linear)
     torch.testing.assert_close(model(x), want, **TOL[torch.float32])
+
+
+def test_fp8_codes_take_w8a8_for_bf16_only_where_the_card_multiplies_fp8(triton_quant, device, monkeypatch):
+    from nanoserve.kernels import fp8_w8a8
+    q, s = quantization.quantize_weight(torch.randn(32, 64), "fp8")
+    q, s = q.to(device), s.to(device)
+    monkeypatch.setattr(fp8_w8a8, "has_fp8_tensor_cores", lambda device: True)
+    fp8 = triton_quant.QuantizedTritonLinear(q, s, None)
+    int8 = triton_quant.QuantizedTritonLinear(*quantization.quantize_weight(torch.randn(32, 64).to(device),
+                                                                            "int8"), None)
+    assert fp8.w8a8 and not int8.w8a8
+    x = torch.randn(3, 64, device=device)
+    assert torch.equal(fp8(x.bfloat16()), fp8_w8a8.fp8_w8a8_linear(x.bfloat16(), q, s))
+    assert torch.equal(fp8(x), triton_quant.quantized_linear(x, q, s))  # fp32 activations: W8A16

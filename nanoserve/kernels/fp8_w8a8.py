@@ -1,0 +1,56 @@
+"""The W8A8 fp8 linear: x quantized to e4m3 per token at run time, the product on fp8 tensor cores.
+
+vLLM's fp8 linear with dynamic per-token activation scales and per-channel weight scales
+(Fp8LinearMethod): each row of x gets the scale max|x_row| / 448, so its largest value lands on
+e4m3's largest; torch._scaled_mm multiplies the two e4m3 matrices with fp32 accumulation and
+applies the row's and the output channel's scales. CUDA cards with fp8 tensor cores (compute
+capability 8.9 and up: Ada, Hopper, Blackwell) run it for bf16 activations; elsewhere fp8 weights
+keep the W8A16 kernel, as vLLM falls back to a weight-only kernel on older cards.
+
+Against the W8A16 reference (kernels/quantization.py) the one new error is x's rounding to e4m3:
+at most 2^-4 of each |x_i| (3 mantissa bits), and below e4m3's smallest normal at most 2^-10 of
+the row's scale, so |y - ref| <= sum_i |w_i| (2^-4 |x_i| + 2^-10 s) plus the output's rounding.
+That is the price of doing prefill's matmuls at twice bf16's tensor-core rate.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_MAX = 448.0  # e4m3's largest finite value
+
+
+def has_fp8_tensor_cores(device: torch.device) -> bool:
+    """Whether `device` is a CUDA card whose tensor cores multiply e4m3 (compute capability >= 8.9)."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def runs_w8a8(qweight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
+    """Whether these codes take the W8A8 path: fp8 codes with one scale per output channel, on a
+    card with fp8 tensor cores, both dimensions multiples of 16 (_scaled_mm's tile)."""
+    out_features, in_features = qweight.shape
+    return (qweight.dtype == torch.float8_e4m3fn and weight_scale.shape[1] == 1
+            and out_features % 16 == 0 and in_features % 16 == 0 and has_fp8_tensor_cores(qweight.device))
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (e4m3 codes (M, K), fp32 scales (M, 1)) with x ~= codes * scales. A row of zeros
+    gets a tiny scale and zero codes; a row holding inf or NaN comes out NaN."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    scale = amax.clamp(min=torch.finfo(torch.float32).tiny) / FP8_MAX
+    codes = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+def fp8_w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., in) bf16 -> (..., out) bf16, from e4m3 codes (out, in) and fp32 scales (out, 1)."""
+    out_features, k = qweight.shape
+    codes, x_scale = quantize_per_token(x.reshape(-1, k))
+    # qweight.t() is the column-major (in, out) operand _scaled_mm wants, without a copy
+    y = torch._scaled_mm(codes, qweight.t(), scale_a=x_scale, scale_b=weight_scale.reshape(1, -1),
+                         out_dtype=torch.bfloat16)
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], out_features)
