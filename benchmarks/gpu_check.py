@@ -18,6 +18,7 @@ Sections, in order (each guarded: an error or a skip is recorded, and the run mo
   nanoserve_decode_8b_int8, _fp8, _fp8_w8a16  the same with 8-bit weights: int8 (W8A16, the Triton
                    kernel), fp8 (W8A8 on fp8 tensor cores where the card has them, kernels/fp8_w8a8.py)
                    and fp8 as W8A16 (the card's fp8 tensor cores hidden while the engine loads)
+  quant_linear     each 8-bit linear path alone on 8B's shapes by the rows of x (gpu_check_sections.py)
   nanoserve_decode_kv_fp8  the sections' model with an fp8 KV cache: blocks in the same memory and
                    the decode sweep
   lesson_00..03, lesson_05  each lesson's experiment at its GPU size (Llama-3.2-1B shapes) through the
@@ -83,6 +84,7 @@ GROUPS = {  # child process -> (its time limit on a GPU, {its sections in order:
     "nanoserve": (150, {"nanoserve_decode": 15, "nanoserve_prefill": 8, "nanoserve_prefill_sdpa": 8,
                         "nanoserve_offline": 25, "nanoserve_eager_decode": 15}),
     "attention": (30, {"prefill_attention": 10}),
+    "quant_linear": (70, {"quant_linear": 30}),
     "big": (60, {"nanoserve_decode_8b": 40}),
     "big_int8": (60, {"nanoserve_decode_8b_int8": 40}),
     "big_fp8": (100, {"nanoserve_decode_8b_fp8": 40, "nanoserve_decode_8b_fp8_w8a16": 40}),
@@ -603,7 +605,7 @@ SECTION_FNS = {
     "nanoserve_decode_8b_fp8_w8a16": lambda c: sec_nanoserve_decode_8b(c, "fp8", w8a8=False),
     "nanoserve_decode_kv_fp8": sec_nanoserve_decode_kv_fp8,
     "nanoserve_prefill_sdpa": lambda c: more.sec_nanoserve_prefill_sdpa(c, prefill_sweep),
-    "prefill_attention": more.sec_prefill_attention,
+    "prefill_attention": more.sec_prefill_attention, "quant_linear": more.sec_quant_linear,
     **{f"lesson_{n}": (lambda c, n=n: more.sec_lesson(c, n)) for n in ("00", "01", "02", "03")},
     "hf_decode_static": lambda c: more.sec_hf_decode_static(c, decode_sweep, compiled=False),
     "hf_decode_compiled": lambda c: more.sec_hf_decode_static(c, decode_sweep, compiled=True),
@@ -818,6 +820,8 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the GPU machine has no network: never wait on one
+    if args.dry_run:  # a section that calls a Triton kernel directly runs it interpreted
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     return run_child(args) if args.child else run_parent(args)
 
 

@@ -158,3 +158,64 @@ def sec_hf_decode_static(ctx, decode_sweep, compiled: bool) -> None:
                      ctx.S["decode_batches"][:1 if ctx.dry else 2] if compiled else None)
     finally:
         hf.forward = forward
+
+
+QUANT_SHAPES = {"gpu": [(6144, 4096), (28672, 4096), (4096, 14336)],  # Llama-3-8B: qkv, gate_up, down
+                "dry": [(48, 64), (40, 96)]}
+QUANT_ROWS = {"gpu": [1, 2, 4, 8, 16, 32, 64, 128, 512, 4096], "dry": [1, 4, 8, 70]}
+# (block_n, block_k, split_k (None: the default's), num_warps) for the GEMV at one row
+GEMV_CONFIGS = [(8, 512, 1, 4), (16, 512, 1, 4), (32, 256, 1, 4), (16, 512, None, 4), (16, 1024, 1, 8),
+                (8, 1024, None, 4), (32, 512, None, 8), (64, 256, None, 8)]
+
+
+def sec_quant_linear(ctx) -> None:
+    """Each 8-bit linear path alone on 8B's shapes, bf16 activations, by the rows of x: the GEMV
+    (its tiles and splits at one row), the tl.dot tiles, cuBLAS on a dequantized copy, the W8A8
+    product (fp8), torch's int8 matmul (int8, where it runs) and bf16 cuBLAS: where each wins,
+    which sets GEMV_ROWS and DEQUANT_ROWS (triton_quant_linear.py)."""
+    import torch
+    import torch.nn.functional as F
+
+    from nanoserve.kernels import fp8_w8a8
+    from nanoserve.kernels import triton_quant_linear as tq
+    from nanoserve.kernels.quantization import quantize_weight
+    key, dev = "dry" if ctx.dry else "gpu", ctx.dev
+    reps = 2 if ctx.dry else 10
+
+    def us(fn) -> float:
+        fn()
+        times = [ctx.timed(lambda: [fn() for _ in range(reps)]) / reps for _ in range(5)]
+        return statistics.median(times) * 1e6
+    ctx.info(gemv_rows=tq.GEMV_ROWS, dequant_rows=tq.DEQUANT_ROWS, gemv_configs=GEMV_CONFIGS,
+             paths="gemv (<= 16 rows), tiled, dequant (dequantize + F.linear), w8a8 (fp8), "
+                   "int8pack (torch._weight_int8pack_mm), bf16 (F.linear on the bf16 weight), default")
+    for n, k in QUANT_SHAPES[key]:
+        w = torch.randn(n, k, device=dev) * 0.02
+        w16 = w.bfloat16()
+        for method in ("int8", "fp8"):
+            if ctx.left() < 10:
+                return ctx.info(stopped_at=f"{n}x{k} {method}: time budget")
+            q, s = quantize_weight(w, method)
+            code_bytes = n * k + 4 * n
+            x1 = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+            for bn, bk, split, warps in GEMV_CONFIGS if dev == "cuda" else GEMV_CONFIGS[:2]:
+                t = us(lambda: tq.gemv(x1, q, s, None, bn, bk, split, warps))
+                ctx.fig(f"{n}x{k}_{method}_gemv_n{bn}_k{bk}_s{split}_w{warps}_GBps", code_bytes / t / 1e3,
+                        "GB/s (codes and scales read / time, one row)")
+            for m in QUANT_ROWS[key]:
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                paths = {"default": lambda: tq.quantized_linear(x, q, s), "bf16": lambda: F.linear(x, w16),
+                         "tiled": lambda: tq.tiled(x, q, s, None),
+                         "dequant": lambda: F.linear(x, tq.dequantize(q, s, x.dtype))}
+                if m <= 16:
+                    paths["gemv"] = lambda: tq.gemv(x, q, s, None)
+                if method == "fp8" and fp8_w8a8.runs_w8a8(q, s):
+                    paths["w8a8"] = lambda: fp8_w8a8.fp8_w8a8_linear(x, q, s)
+                if method == "int8":
+                    scale16 = s[:, 0].bfloat16()
+                    paths["int8pack"] = lambda: torch._weight_int8pack_mm(x, q, scale16)
+                for name, fn in paths.items():
+                    try:
+                        ctx.fig(f"{n}x{k}_{method}_M{m}_{name}_us", us(fn), "us per call")
+                    except Exception as e:  # torch's int8 matmul may have no kernel for this device
+                        ctx.info(**{f"{n}x{k}_{method}_M{m}_{name}_error": f"{type(e).__name__}: {e}"[:200]})

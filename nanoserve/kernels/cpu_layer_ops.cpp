@@ -11,6 +11,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -246,11 +247,15 @@ void rotary_embedding(const at::Tensor& positions, const at::Tensor& q, const at
   }
 }
 
-// An fp8 cache's row as reference.to_cache stores it: the value over the scale in fp32, then e4m3
-// (c10's conversion, torch's cast: round to nearest even, saturating at 448)
+// An fp8 cache's row as reference.to_cache stores it: the value over the scale in fp32, clamped
+// to +-448 (older c10 conversions give NaN past it; NaN passes the clamp), then e4m3 (c10's
+// conversion, torch's cast: round to nearest even)
 template <typename T>
 void quantize_row(const T* x, c10::Float8_e4m3fn* out, int64_t width, float scale) {
-  for (int64_t i = 0; i < width; ++i) out[i] = c10::Float8_e4m3fn(static_cast<float>(x[i]) / scale);
+  for (int64_t i = 0; i < width; ++i) {
+    const float y = static_cast<float>(x[i]) / scale;
+    out[i] = c10::Float8_e4m3fn(std::min(std::max(y, -448.0f), 448.0f));
+  }
 }
 
 // This step's K/V rows into their cache slots (vLLM's name): a row copy per token and tensor, or

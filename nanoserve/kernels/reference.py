@@ -75,11 +75,13 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 
 def to_cache(x: torch.Tensor, cache_dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
     """x as the cache stores it: fp8 holds x / scale rounded to nearest, saturated at e4m3's
-    largest value (448: torch's cast saturates, as vLLM's does; e4m3fn has no infinity); other
-    dtypes a plain cast."""
+    largest value (448, as vLLM's write does; e4m3fn has no infinity, and whether torch's cast
+    saturates or gives NaN has changed between versions, so the clamp is explicit); other dtypes
+    a plain cast. NaN stays NaN."""
     if cache_dtype not in FP8_DTYPES:
         return x.to(cache_dtype)
-    return (x.float() / scale).to(cache_dtype)
+    fp8_max = torch.finfo(cache_dtype).max
+    return (x.float() / scale).clamp(-fp8_max, fp8_max).to(cache_dtype)
 
 
 def from_cache(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:

@@ -1,23 +1,34 @@
 """The W8A16 linear in Triton: y = x @ dequantize(qweight, weight_scale).T + bias, the codes read as
 they are (int8 or fp8 e4m3: a byte per weight) and widened in registers. kernels/quantization.py's
-quantized_linear, which dequantizes the whole weight first, is the specification.
+quantized_linear, which dequantizes the whole weight first, is the specification. Three paths, by
+the number of rows of x, because decode and prefill are different workloads:
 
-One program computes a BLOCK_M x BLOCK_N tile of y: it walks the input dimension BLOCK_K values at
-a time, multiplies x's tile by the codes' tile (tl.dot, fp32 accumulation; the codes widened to
-x's dtype, exactly: an int8 or e4m3 value fits bf16's and fp16's 8 and 11 significant bits) and
-adds the product times each output row's scale of that group. BLOCK_K divides the group size, so
-a K-step lies in one group; per-channel scales are one group of all K.
+- A few rows (decode, up to GEMV_ROWS): `_w8a16_gemv_kernel`. A step reads every code once, so
+  the kernel must stream them at the memory's rate: one program owns BLOCK_N outputs and reads
+  their codes in long BLOCK_K runs, each code widened once and used for every row of x, summed in
+  fp32 without tensor cores (a tensor-core tile would be 16 rows, mostly padding). SPLIT_K > 1
+  splits K over programs when the outputs alone are too few to fill the card; each writes an fp32
+  partial and torch sums them, in a fixed order, so a result does not depend on timing.
+- A middling batch: `_w8a16_kernel`, one BLOCK_M x BLOCK_N tile of y per program: it walks K
+  BLOCK_K values at a time, multiplies x's tile by the codes' tile (tl.dot, fp32 accumulation; the
+  codes widened to x's dtype, exactly: an int8 or e4m3 value fits bf16's and fp16's 8 and 11
+  significant bits) and adds the product times each output row's scale of that group.
+- Many rows (prefill, from DEQUANT_ROWS): the matmul is compute-bound and cuBLAS's bf16 tiles are
+  the fast ones, so `_dequantize_kernel` writes the weight in x's dtype (one read of a byte, one
+  write of two) and F.linear runs it.
 
-`pack_quantized(model)` puts a CUDA model's quantized linears on it (kernels.process_weights_
-after_loading on the Triton backend). Activations other than fp32, fp16 and bf16, and groups of
-fewer than 16 values, take the reference. Per-channel fp8 codes with bf16 activations on a card
-with fp8 tensor cores take fp8_w8a8.py's W8A8 product instead. Left out: split-K for batch-1
-decode, autotuning.
+BLOCK_K divides the group size, so a K-step lies in one group; per-channel scales are one group
+of all K. `pack_quantized(model)` puts a CUDA model's quantized linears on it (kernels.process_
+weights_after_loading on the Triton backend). Activations other than fp32, fp16 and bf16, and
+groups of fewer than 16 values, take the reference. Per-channel fp8 codes with bf16 activations on
+a card with fp8 tensor cores take fp8_w8a8.py's W8A8 product past GEMV_ROWS rows. Left out:
+autotuning (benchmarks/gpu_check.py's quant_linear section times the choices on a GPU).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import nn
@@ -29,6 +40,57 @@ from nanoserve.kernels.quantization import quantized_linear as reference_linear
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRETED = env.get("TRITON_INTERPRET") == "1"  # read once: triton reads it at import
+GEMV_ROWS = 4  # up to here the codes' stream sets the time (each code's widening is shared by the rows)
+DEQUANT_ROWS = 64  # from here cuBLAS on a dequantized copy beats the tl.dot tiles
+
+
+@triton.jit
+def _w8a16_gemv_kernel(x_ptr, q_ptr, s_ptr, y_ptr, M, N, K, k_per_split, groups, group_size,
+                       stride_xm, stride_qn, stride_yk, stride_ym,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       ONE_GROUP: tl.constexpr):
+    # program (n, split): BLOCK_N outputs for every row, over K from split * k_per_split; writes
+    # fp32 sums times the scales to y[split] (M, N)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok = rn < N
+    k_lo = tl.program_id(1) * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + rk
+        k_ok = k < k_hi
+        q_ok = n_ok[:, None] & k_ok[None, :]
+        # masked codes zeroed after the widening (an fp8 load has no zero `other`, and a stray
+        # code could be NaN)
+        q = tl.load(q_ptr + rn[:, None].to(tl.int64) * stride_qn + k[None, :], mask=q_ok)
+        q = tl.where(q_ok, q.to(tl.float32), 0.0)  # (BLOCK_N, BLOCK_K)
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for m in tl.static_range(BLOCK_M):  # each row reuses the widened codes
+            # a padding row (m >= M) reads the last row again; its sums are never stored
+            x = tl.load(x_ptr + tl.minimum(m, M - 1) * stride_xm + k, mask=k_ok, other=0.0).to(tl.float32)
+            part += tl.where(rm[:, None] == m, tl.sum(q * x[None, :], axis=1)[None, :], 0.0)
+        if ONE_GROUP:
+            acc += part
+        else:
+            acc += part * tl.load(s_ptr + rn * groups + k0 // group_size, mask=n_ok, other=0.0)[None, :]
+    if ONE_GROUP:
+        acc *= tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
+    tl.store(y_ptr + tl.program_id(1) * stride_yk + rm[:, None] * stride_ym + rn[None, :], acc,
+             mask=(rm[:, None] < M) & n_ok[None, :])
+
+
+@triton.jit
+def _dequantize_kernel(q_ptr, s_ptr, w_ptr, N, K, groups, group_size,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    ok = (rn[:, None] < N) & (rk[None, :] < K)
+    offs = rn[:, None].to(tl.int64) * K + rk[None, :]
+    q = tl.load(q_ptr + offs, mask=ok).to(tl.float32)
+    s = tl.load(s_ptr + rn[:, None] * groups + rk[None, :] // group_size, mask=ok, other=0.0)
+    tl.store(w_ptr + offs, (q * s).to(w_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -67,6 +129,45 @@ def _block_k(group_size: int) -> int | None:
     return next((b for b in (64, 32, 16) if group_size % b == 0), None)
 
 
+def gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+         block_n: int = 16, block_k: int = 512, split_k: int | None = None,
+         num_warps: int = 4) -> torch.Tensor:
+    """x2 (M <= 16, K) -> (M, N) in x2's dtype by _w8a16_gemv_kernel; the tile and the split are
+    parameters so a benchmark can time the choices. split_k None: enough splits that the card
+    has about four programs per streaming multiprocessor."""
+    m, k = x2.shape
+    n, groups = qweight.shape[0], weight_scale.shape[1]
+    group_size = k // groups
+    if groups > 1:  # a K-step lies in one group
+        block_k = min(block_k, group_size & -group_size)
+    if split_k is None:
+        sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 1
+        split_k = max(1, min(4 * sms // triton.cdiv(n, block_n), k // (4 * block_k)))
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    split_k = triton.cdiv(k, k_per_split)
+    partial = torch.empty(split_k, m, n, dtype=torch.float32, device=x2.device)
+    _w8a16_gemv_kernel[(triton.cdiv(n, block_n), split_k)](
+        x2, qweight, weight_scale, partial, m, n, k, k_per_split, groups, group_size,
+        x2.stride(0), qweight.stride(0), partial.stride(0), partial.stride(1),
+        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=groups == 1,
+        num_warps=num_warps)
+    y = partial[0] if split_k == 1 else partial.sum(0)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x2.dtype)
+
+
+def dequantize(qweight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The (out, in) weight in `dtype`, each value code * scale in fp32 rounded once, as the
+    reference's dequantize_weight computes it, in one pass."""
+    n, k = qweight.shape
+    groups = weight_scale.shape[1]
+    w = torch.empty(n, k, dtype=dtype, device=qweight.device)
+    _dequantize_kernel[(triton.cdiv(n, 16), triton.cdiv(k, 256))](
+        qweight, weight_scale, w, n, k, groups, k // groups, BLOCK_N=16, BLOCK_K=256)
+    return w
+
+
 def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor,
                      bias: torch.Tensor | None = None) -> torch.Tensor:
     """The reference's contract: x (..., in) -> (..., out) in x's dtype, from codes (out, in) and
@@ -79,20 +180,34 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch
         return reference_linear(x, qweight, weight_scale, bias)
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
-    y = torch.empty(m, out_features, dtype=x.dtype, device=x.device)
+    if m <= GEMV_ROWS:
+        y = gemv(x2, qweight, weight_scale, bias)
+    elif m >= DEQUANT_ROWS:
+        y = F.linear(x2, dequantize(qweight, weight_scale, x.dtype), bias)
+    else:
+        y = tiled(x2, qweight, weight_scale, bias, block_k)
+    return y.view(*x.shape[:-1], out_features)
+
+
+def tiled(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+          block_k: int = 64) -> torch.Tensor:
+    """x2 (M, K) -> (M, N) in x2's dtype by _w8a16_kernel's tl.dot tiles; block_k divides the group."""
+    m, k = x2.shape
+    out_features, groups = qweight.shape[0], weight_scale.shape[1]
+    y = torch.empty(m, out_features, dtype=x2.dtype, device=x2.device)
     block_m = min(64, max(16, triton.next_power_of_2(m)))
     block_n = 32 if m <= 16 else 64  # small batches: more, narrower tiles to fill the device
     # fp32 activations get full fp32 products, as the reference's (not tf32); under the
     # interpreter bf16 is computed in fp32, as its bf16 arithmetic is wrong
-    native = x.dtype == torch.float16 or (x.dtype == torch.bfloat16 and not INTERPRETED)
+    native = x2.dtype == torch.float16 or (x2.dtype == torch.bfloat16 and not INTERPRETED)
     grid = (triton.cdiv(m, block_m), triton.cdiv(out_features, block_n))
     _w8a16_kernel[grid](x2, qweight, weight_scale, bias if bias is not None else y, y,
-                        m, out_features, k, groups, group_size,
+                        m, out_features, k, groups, k // groups,
                         x2.stride(0), qweight.stride(0), y.stride(0),
                         HAS_BIAS=bias is not None, NATIVE=native,
-                        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+                        DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    return y.view(*x.shape[:-1], out_features)
+    return y
 
 
 class QuantizedTritonLinear(nn.Module):
@@ -108,7 +223,7 @@ class QuantizedTritonLinear(nn.Module):
         self.w8a8 = fp8_w8a8.runs_w8a8(self.qweight, self.weight_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w8a8 and x.dtype == torch.bfloat16:
+        if self.w8a8 and x.dtype == torch.bfloat16 and x.numel() > GEMV_ROWS * self.in_features:
             return fp8_w8a8.fp8_w8a8_linear(x, self.qweight, self.weight_scale, self.bias)
         return quantized_linear(x, self.qweight, self.weight_scale, self.bias)
 

@@ -1,5 +1,7 @@
 """The Triton W8A16 linear against the reference (dequantize, then F.linear), on the interpreter's
-small shapes; outputs from NaN-poisoned allocations, so an unwritten element fails."""
+small shapes, through each of its three paths (the GEMV for a few rows, the tl.dot tiles, cuBLAS
+on a dequantized copy from DEQUANT_ROWS); outputs from NaN-poisoned allocations, so an unwritten
+element fails."""
 
 import pytest
 import torch
@@ -10,7 +12,8 @@ from nanoserve.kernels import quantization
 
 # (rows, in, out, group_size): per-channel scales (None) and GGUF-sized groups, row counts on
 # both sides of a tile, widths that leave partial tiles in every dimension
-SHAPES = [(1, 64, 48, None), (5, 96, 40, None), (3, 64, 32, 32), (17, 128, 72, 32), (2, 48, 24, 16)]
+SHAPES = [(1, 64, 48, None), (5, 96, 40, None), (3, 64, 32, 32), (17, 128, 72, 32), (2, 48, 24, 16),
+          (4, 1100, 40, None), (70, 64, 48, None), (64, 96, 40, 32)]
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +85,39 @@ def test_fp8_codes_take_w8a8_for_bf16_only_where_the_card_multiplies_fp8(triton_
     int8 = triton_quant.QuantizedTritonLinear(*quantization.quantize_weight(torch.randn(32, 64).to(device),
                                                                             "int8"), None)
     assert fp8.w8a8 and not int8.w8a8
-    x = torch.randn(3, 64, device=device)
+    rows = triton_quant.GEMV_ROWS
+    x = torch.randn(rows + 1, 64, device=device)
     assert torch.equal(fp8(x.bfloat16()), fp8_w8a8.fp8_w8a8_linear(x.bfloat16(), q, s))
     assert torch.equal(fp8(x), triton_quant.quantized_linear(x, q, s))  # fp32 activations: W8A16
+    # a decode's few rows stream the codes through the GEMV: a byte a weight, no per-token scales
+    assert torch.equal(fp8(x[:rows].bfloat16()), triton_quant.quantized_linear(x[:rows].bfloat16(), q, s))
+
+
+@pytest.mark.parametrize("method", ["int8", "fp8"])
+@pytest.mark.parametrize("group", [None, 32])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_gemv_sums_the_same_whatever_its_tile_and_split(triton_quant, device, poisoned, method, group,
+                                                           rows):
+    q, scale = quantization.quantize_weight(torch.randn(40, 544), method, group)
+    q, scale = q.to(device), scale.to(device)
+    x = torch.randn(rows, 544, device=device)
+    want = quantization.quantized_linear(x, q, scale)
+    for block_n, block_k, split_k in [(16, 512, 1), (8, 64, 3), (32, 128, 5), (16, 256, None)]:
+        got = triton_quant.gemv(x, q, scale, None, block_n=block_n, block_k=block_k, split_k=split_k)
+        torch.testing.assert_close(got, want, **TOL[torch.float32], msg=f"{block_n, block_k, split_k}")
+
+
+@pytest.mark.parametrize("method", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_is_the_references_every_code(triton_quant, device, poisoned, method, dtype):
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.int8)
+    codes[codes.view(torch.uint8) & 0x7F == 0x7F] = 0  # e4m3's NaNs: the quantizer never writes them
+    q = codes.view(quantization.CODE_DTYPES[method]).repeat(3, 2)  # (3, 512): every code, 3 rows
+    scale = torch.tensor([[0.5, 3.0, 1e-3, 7.0], [1.0, 2.0 ** -20, 2.0 ** 10, 0.1], [1.5, 1.5, 1.5, 1.5]])
+    q, scale = q.to(device), scale.to(device)
+    got = triton_quant.dequantize(q, scale, dtype).float()
+    want = quantization.dequantize_weight(q, scale, dtype).float()
+    if dtype == torch.bfloat16 and device == "cpu":  # the interpreter's bf16 rounding is not torch's
+        torch.testing.assert_close(got, want, atol=0, rtol=2 ** -7)  # an ulp
+    else:  # code * scale in fp32, rounded once
+        assert torch.equal(got, want)
