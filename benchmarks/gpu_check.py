@@ -15,9 +15,9 @@ Sections, in order (each guarded: an error or a skip is recorded, and the run mo
   nanoserve_decode_8b  batch-1 and batch-8 decode on Llama-3-8B shapes (bf16, 16 GB of weights): the
                    bandwidth utilisation a decode step reaches when the weights, not the host, dominate;
                    and one 4096-token prefill (compute-bound)
-  nanoserve_decode_8b_int8, _fp8, _fp8_w8a16  the same with 8-bit weights: int8 (W8A16, the Triton
-                   kernel), fp8 (W8A8 on fp8 tensor cores where the card has them, kernels/fp8_w8a8.py)
-                   and fp8 as W8A16 (the card's fp8 tensor cores hidden while the engine loads)
+  nanoserve_decode_8b_int8, _fp8, _fp8_w8a8  the same with 8-bit weights: int8 and fp8 (W8A16, the
+                   Triton kernels by rows) and fp8 as W8A8 (NANOSERVE_FP8_W8A8=1: activations
+                   quantized per token for the fp8 tensor cores, kernels/fp8_w8a8.py)
   quant_linear     each 8-bit linear path alone on 8B's shapes by the rows of x (gpu_check_sections.py)
   nanoserve_decode_kv_fp8  the sections' model with an fp8 KV cache: blocks in the same memory and
                    the decode sweep
@@ -84,10 +84,10 @@ GROUPS = {  # child process -> (its time limit on a GPU, {its sections in order:
     "nanoserve": (150, {"nanoserve_decode": 15, "nanoserve_prefill": 8, "nanoserve_prefill_sdpa": 8,
                         "nanoserve_offline": 25, "nanoserve_eager_decode": 15}),
     "attention": (30, {"prefill_attention": 10}),
-    "quant_linear": (70, {"quant_linear": 30}),
+    "quant_linear": (90, {"quant_linear": 30}),
     "big": (60, {"nanoserve_decode_8b": 40}),
     "big_int8": (60, {"nanoserve_decode_8b_int8": 40}),
-    "big_fp8": (100, {"nanoserve_decode_8b_fp8": 40, "nanoserve_decode_8b_fp8_w8a16": 40}),
+    "big_fp8": (100, {"nanoserve_decode_8b_fp8": 40, "nanoserve_decode_8b_fp8_w8a8": 40}),
     "kv_fp8": (60, {"nanoserve_decode_kv_fp8": 20}),
     "lessons": (120, {"lesson_00": 10, "lesson_01": 20, "lesson_02": 15, "lesson_03": 30}),
     "lesson": (90, {"lesson_05": 30}),
@@ -438,14 +438,13 @@ def graph_replay(ctx, graphs, batches, model: str | None, weight_bytes: float | 
                 "GB/s (compulsory bytes without lm_head / replay time)")
 
 
-def sec_nanoserve_decode_8b(ctx, quantization: str | None = None, w8a8: bool = True):
+def sec_nanoserve_decode_8b(ctx, quantization: str | None = None, w8a8: bool = False):
     """Decode on the largest preset: a step reads 16 GB, so the GPU, not the host, sets its time.
-    Then one long prompt's prefill, where the matmuls' rate sets it. w8a8 False: fp8 codes run
-    the W8A16 kernel, as on a card without fp8 tensor cores."""
+    Then one long prompt's prefill, where the matmuls' rate sets it. w8a8: fp8 codes quantize the
+    activations too, where the card has fp8 tensor cores (NANOSERVE_FP8_W8A8)."""
     from unittest import mock
 
     from nanoserve import LLM, EngineConfig, SamplingParams
-    from nanoserve.kernels import fp8_w8a8
     from nanoserve.measure.roofline import prefill_batch, quantized_weight_bytes
     big = BIG["dry" if ctx.dry else "gpu"]
     top, P = max(big["decode_batches"]), big["prefill_len"]
@@ -454,8 +453,7 @@ def sec_nanoserve_decode_8b(ctx, quantization: str | None = None, w8a8: bool = T
                        max_model_len=max(2048, P + 16), enable_prefix_caching=False,
                        cuda_graph_batch_sizes=big["decode_batches"])
     t = time.perf_counter()
-    with mock.patch.object(fp8_w8a8, "has_fp8_tensor_cores", fp8_w8a8.has_fp8_tensor_cores if w8a8
-                           else lambda device: False):
+    with mock.patch.dict(os.environ, {"NANOSERVE_FP8_W8A8": "1" if w8a8 else "0"}):  # read at load
         llm = LLM(big["model"], device=ctx.dev, dtype=ctx.S["dtype"], seed=0, config=cfg,
                   quantization=quantization)
     mods = [m for m in llm.engine.model.modules() if hasattr(m, "qweight")]
@@ -602,7 +600,7 @@ SECTION_FNS = {
     # int8 weights (W8A16, triton_quant_linear's kernel on a GPU): half the linears' bytes a step
     "nanoserve_decode_8b_int8": lambda c: sec_nanoserve_decode_8b(c, "int8"),
     "nanoserve_decode_8b_fp8": lambda c: sec_nanoserve_decode_8b(c, "fp8"),
-    "nanoserve_decode_8b_fp8_w8a16": lambda c: sec_nanoserve_decode_8b(c, "fp8", w8a8=False),
+    "nanoserve_decode_8b_fp8_w8a8": lambda c: sec_nanoserve_decode_8b(c, "fp8", w8a8=True),
     "nanoserve_decode_kv_fp8": sec_nanoserve_decode_kv_fp8,
     "nanoserve_prefill_sdpa": lambda c: more.sec_nanoserve_prefill_sdpa(c, prefill_sweep),
     "prefill_attention": more.sec_prefill_attention, "quant_linear": more.sec_quant_linear,
@@ -698,7 +696,7 @@ def summary(sections: dict, gpu: str | None = None) -> dict:
         pairs[f"decode_B{B}_nanoserve_over_hf_compiled"] = ("nanoserve_decode", "hf_decode_compiled", fig)
         pairs[f"decode_B{B}_kv_fp8_over_bf16"] = ("nanoserve_decode_kv_fp8", "nanoserve_decode", fig)
     pairs["kv_blocks_fp8_over_bf16"] = ("nanoserve_decode_kv_fp8", "nanoserve_decode", "num_kv_blocks")
-    for q in ("int8", "fp8", "fp8_w8a16"):  # 8-bit weights against bf16 on the 8B shapes
+    for q in ("int8", "fp8", "fp8_w8a8"):  # 8-bit weights against bf16 on the 8B shapes
         for B in sorted({*BIG["gpu"]["decode_batches"], *BIG["dry"]["decode_batches"]}):
             pairs[f"8b_decode_B{B}_{q}_over_bf16"] = (f"nanoserve_decode_8b_{q}", "nanoserve_decode_8b",
                                                       f"decode_B{B}_tokens_per_s")
@@ -719,7 +717,7 @@ def summary(sections: dict, gpu: str | None = None) -> dict:
     hbm = next((bw / 1e9 for key, bw in HBM_DATASHEET.items() if gpu and key in gpu), None)
     for sec in ("nanoserve_decode", "nanoserve_eager_decode", "hf_decode", "hf_decode_static",
                 "hf_decode_compiled", "nanoserve_decode_8b", "nanoserve_decode_8b_int8",
-                "nanoserve_decode_8b_fp8", "nanoserve_decode_8b_fp8_w8a16", "nanoserve_decode_kv_fp8"):
+                "nanoserve_decode_8b_fp8", "nanoserve_decode_8b_fp8_w8a8", "nanoserve_decode_kv_fp8"):
         for fig, v in sections.get(sec, {}).get("figures", {}).items():
             if fig.endswith("GBps"):
                 stem = f"{sec}_{fig.removesuffix('_GBps').removeprefix('decode_')}"

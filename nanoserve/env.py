@@ -25,6 +25,10 @@ VARIABLES = {v.name: v for v in (
     EnvVar("NANOSERVE_KERNELS", None, "kernel backend: 'reference' (plain torch), 'cpu' (C++ ops) or "
                                       "'triton'; unset: triton on CUDA, the C++ ops on a CPU where they "
                                       "build, else the reference"),
+    EnvVar("NANOSERVE_FP8_W8A8", "0", "1: fp8 weights on a CUDA card with fp8 tensor cores also quantize "
+                                      "the activations per token past a decode's few rows (W8A8, "
+                                      "kernels/fp8_w8a8.py); 0: weight-only (W8A16), as on every "
+                                      "other device"),
     EnvVar("NANOSERVE_QUICK", "0", "1: the course's small models, sweeps and workloads (CI, tests)"),
     EnvVar("NANOSERVE_CACHE_DIR", None, "nanoserve's cache folder (built C++ ops, measured ceilings); "
                                         "unset: $XDG_CACHE_HOME/nanoserve"),

@@ -2,20 +2,26 @@
 
 vLLM's fp8 linear with dynamic per-token activation scales and per-channel weight scales
 (Fp8LinearMethod): each row of x gets the scale max|x_row| / 448, so its largest value lands on
-e4m3's largest; torch._scaled_mm multiplies the two e4m3 matrices with fp32 accumulation and
-applies the row's and the output channel's scales. CUDA cards with fp8 tensor cores (compute
-capability 8.9 and up: Ada, Hopper, Blackwell) run it for bf16 activations; elsewhere fp8 weights
-keep the W8A16 kernel, as vLLM falls back to a weight-only kernel on older cards.
+e4m3's largest; torch._scaled_mm multiplies the two e4m3 matrices on the tensor cores and applies
+the row's and the output channel's scales. It runs where NANOSERVE_FP8_W8A8=1 asks for it, on
+CUDA cards with fp8 tensor cores (compute capability 8.9 and up: Ada, Hopper, Blackwell), for bf16
+activations past a decode's few rows; otherwise fp8 weights are weight-only (W8A16), as the
+documented `quantization="fp8"` says. Opt-in because here it bought no speed: the per-token
+quantization is five plain torch ops over x, unfused, which cost what the fp8 tensor cores save
+(benchmarks/gpu_check.py's 8B prefill and quant_linear sections).
 
 Against the W8A16 reference (kernels/quantization.py) the one new error is x's rounding to e4m3:
 at most 2^-4 of each |x_i| (3 mantissa bits), and below e4m3's smallest normal at most 2^-10 of
-the row's scale, so |y - ref| <= sum_i |w_i| (2^-4 |x_i| + 2^-10 s) plus the output's rounding.
-That is the price of doing prefill's matmuls at twice bf16's tensor-core rate.
+the row's scale, so |y - ref| <= sum_i |w_i| (2^-4 |x_i| + 2^-10 s) plus the accumulation's and
+the output's rounding. Hopper's fp8 tensor cores accumulate in fewer bits than fp32 (about 14,
+DeepSeek-V3 technical report, arXiv 2412.19437, section 3.3.2), which tests/kernels allows for.
 """
 
 from __future__ import annotations
 
 import torch
+
+from nanoserve import env
 
 FP8_MAX = 448.0  # e4m3's largest finite value
 
@@ -27,11 +33,13 @@ def has_fp8_tensor_cores(device: torch.device) -> bool:
 
 
 def runs_w8a8(qweight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
-    """Whether these codes take the W8A8 path: fp8 codes with one scale per output channel, on a
-    card with fp8 tensor cores, both dimensions multiples of 16 (_scaled_mm's tile)."""
+    """Whether these codes take the W8A8 path: asked for (NANOSERVE_FP8_W8A8), fp8 codes with one
+    scale per output channel, on a card with fp8 tensor cores, both dimensions multiples of 16
+    (_scaled_mm's tile)."""
     out_features, in_features = qweight.shape
-    return (qweight.dtype == torch.float8_e4m3fn and weight_scale.shape[1] == 1
-            and out_features % 16 == 0 and in_features % 16 == 0 and has_fp8_tensor_cores(qweight.device))
+    return (env.flag("NANOSERVE_FP8_W8A8") and qweight.dtype == torch.float8_e4m3fn
+            and weight_scale.shape[1] == 1 and out_features % 16 == 0 and in_features % 16 == 0
+            and has_fp8_tensor_cores(qweight.device))
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

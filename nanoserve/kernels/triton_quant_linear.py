@@ -21,7 +21,8 @@ BLOCK_K divides the group size, so a K-step lies in one group; per-channel scale
 of all K. `pack_quantized(model)` puts a CUDA model's quantized linears on it (kernels.process_
 weights_after_loading on the Triton backend). Activations other than fp32, fp16 and bf16, and
 groups of fewer than 16 values, take the reference. Per-channel fp8 codes with bf16 activations on
-a card with fp8 tensor cores take fp8_w8a8.py's W8A8 product past GEMV_ROWS rows. Left out:
+a card with fp8 tensor cores take fp8_w8a8.py's W8A8 product past GEMV_ROWS rows, where
+NANOSERVE_FP8_W8A8 asks for it. Left out:
 autotuning (benchmarks/gpu_check.py's quant_linear section times the choices on a GPU).
 """
 
@@ -40,8 +41,11 @@ from nanoserve.kernels.quantization import quantized_linear as reference_linear
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRETED = env.get("TRITON_INTERPRET") == "1"  # read once: triton reads it at import
-GEMV_ROWS = 4  # up to here the codes' stream sets the time (each code's widening is shared by the rows)
-DEQUANT_ROWS = 64  # from here cuBLAS on a dequantized copy beats the tl.dot tiles
+# where each path wins, from gpu_check's quant_linear section on an H200 (benchmarks/results/): the
+# GEMV slows past two rows (its FMAs grow with them); cuBLAS on a dequantized copy beats the tl.dot
+# tiles somewhere between 128 and 512 rows
+GEMV_ROWS = 2
+DEQUANT_ROWS = 256
 
 
 @triton.jit

@@ -2,7 +2,8 @@
 
 Two checks per output. Against x rounded to e4m3 per token as specified (each row over its
 largest |x| / 448, to nearest): only the sums' and the output's rounding, 2^-20 S (S = |x| @ |W|^T)
-and 2^-8 |y|; on a GPU the tensor cores keep fewer bits while they accumulate, so 2^-13 S there.
+and 2^-8 |y|. On a GPU the fp8 tensor cores accumulate in about 14 bits (fp8_w8a8.py's docstring),
+so K 2^-14 S there: an H200 exceeded 2^-13 S (2026-12-04, benchmarks/results/gpu-2026-12-04-*).
 Against x itself, the stated error: sum_i |w_i| (2^-4 |x_i| + 2^-10 s), s the row's scale.
 torch._scaled_mm runs on a CPU too, so the arithmetic is checked here; on a CUDA card with fp8
 tensor cores the same tests check the card's."""
@@ -54,7 +55,7 @@ def test_w8a8_is_within_its_stated_error(w8a8_device, m, k16, n16, seed, with_bi
     assert got.dtype == torch.bfloat16 and got.shape == (m, n)
     xa, wa = x.double().abs(), w.abs()
     S = xa @ wa.T
-    accumulation = (2 ** -20 if w8a8_device == "cpu" else 2 ** -13) * S
+    accumulation = (2 ** -20 if w8a8_device == "cpu" else k * 2 ** -14) * S
     product = x_as_e4m3(x) @ w.T
     exact = product + b
     err = (got.double() - exact).abs()
@@ -89,13 +90,17 @@ def test_a_row_with_inf_or_nan_comes_out_nan_and_no_other(w8a8_device):
     assert got[1].isnan().all() and got[[0, 2]].isfinite().all()
 
 
-def test_only_per_channel_fp8_codes_on_fp8_tensor_cores_run_w8a8(monkeypatch):
+def test_only_per_channel_fp8_codes_on_fp8_tensor_cores_run_w8a8_when_asked(monkeypatch):
     fp8, _ = quantize_weight(torch.randn(32, 64), "fp8")
     s1, s2 = torch.ones(32, 1), torch.ones(32, 2)
     int8 = torch.zeros(32, 64, dtype=torch.int8)
+    monkeypatch.setenv("NANOSERVE_FP8_W8A8", "1")
     assert not fp8_w8a8.runs_w8a8(fp8, s1)  # a CPU tensor: no fp8 tensor cores
     monkeypatch.setattr(fp8_w8a8, "has_fp8_tensor_cores", lambda device: True)
     assert fp8_w8a8.runs_w8a8(fp8, s1)
+    monkeypatch.setenv("NANOSERVE_FP8_W8A8", "0")
+    assert not fp8_w8a8.runs_w8a8(fp8, s1)  # weight-only unless asked
+    monkeypatch.setenv("NANOSERVE_FP8_W8A8", "1")
     assert not fp8_w8a8.runs_w8a8(int8, s1)
     assert not fp8_w8a8.runs_w8a8(fp8, s2)  # grouped scales
     assert not fp8_w8a8.runs_w8a8(fp8[:24], s1[:24])  # 24 outputs: not a multiple of 16

@@ -13,7 +13,7 @@ from nanoserve.kernels import quantization
 # (rows, in, out, group_size): per-channel scales (None) and GGUF-sized groups, row counts on
 # both sides of a tile, widths that leave partial tiles in every dimension
 SHAPES = [(1, 64, 48, None), (5, 96, 40, None), (3, 64, 32, 32), (17, 128, 72, 32), (2, 48, 24, 16),
-          (4, 1100, 40, None), (70, 64, 48, None), (64, 96, 40, 32)]
+          (2, 1100, 40, None), (300, 64, 48, None), (256, 96, 40, 32)]
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +76,15 @@ def test_pack_quantized_swaps_every_quantized_linear(triton_quant, device):
     torch.testing.assert_close(model(x), want, **TOL[torch.float32])
 
 
-def test_fp8_codes_take_w8a8_for_bf16_only_where_the_card_multiplies_fp8(triton_quant, device, monkeypatch):
+def test_fp8_codes_take_w8a8_for_bf16_when_asked_where_the_card_multiplies_fp8(triton_quant, device,
+                                                                              monkeypatch):
     from nanoserve.kernels import fp8_w8a8
     q, s = quantization.quantize_weight(torch.randn(32, 64), "fp8")
     q, s = q.to(device), s.to(device)
     monkeypatch.setattr(fp8_w8a8, "has_fp8_tensor_cores", lambda device: True)
+    monkeypatch.setenv("NANOSERVE_FP8_W8A8", "0")
+    assert not triton_quant.QuantizedTritonLinear(q, s, None).w8a8  # weight-only unless asked
+    monkeypatch.setenv("NANOSERVE_FP8_W8A8", "1")
     fp8 = triton_quant.QuantizedTritonLinear(q, s, None)
     int8 = triton_quant.QuantizedTritonLinear(*quantization.quantize_weight(torch.randn(32, 64).to(device),
                                                                             "int8"), None)
@@ -121,3 +125,17 @@ def test_dequantize_is_the_references_every_code(triton_quant, device, poisoned,
         torch.testing.assert_close(got, want, atol=0, rtol=2 ** -7)  # an ulp
     else:  # code * scale in fp32, rounded once
         assert torch.equal(got, want)
+
+
+def test_each_batch_goes_to_its_path(triton_quant, device, monkeypatch):
+    q, s = quantization.quantize_weight(torch.randn(16, 64), "int8")
+    q, s = q.to(device), s.to(device)
+    taken = []
+    for name in ("gemv", "tiled", "dequantize"):
+        real = getattr(triton_quant, name)
+        monkeypatch.setattr(triton_quant, name, lambda *a, _real=real, _name=name, **kw: (
+            taken.append(_name), _real(*a, **kw))[1])
+    g, d = triton_quant.GEMV_ROWS, triton_quant.DEQUANT_ROWS
+    for rows in (1, g, g + 1, d - 1, d):
+        triton_quant.quantized_linear(torch.randn(rows, 64, device=device), q, s)
+    assert taken == ["gemv", "gemv", "tiled", "tiled", "dequantize"]

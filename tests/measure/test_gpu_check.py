@@ -66,8 +66,9 @@ def test_dry_run_reports_every_section_with_units(tmp_path):
     for variant in ("ngram", "draft"):  # speculation keeps greedy output: HF's, token for token
         assert secs["equivalence"]["figures"][f"llama_reference_{variant}_equal_sequences"]["value"] == 4
     assert result["summary"]["kv_blocks_fp8_over_bf16"]["value"] == 2.0
-    for q in ("int8", "fp8", "fp8_w8a16"):
+    for q in ("int8", "fp8", "fp8_w8a8"):
         assert secs[f"nanoserve_decode_8b_{q}"]["figures"]["prefill_48_TFLOPs"]["value"] > 0
+    assert secs["quant_linear"]["figures"]["48x64_int8_M70_dequant_us"]["value"] > 0
     for sec in ("nanoserve_decode", "nanoserve_eager_decode", "hf_decode"):
         assert secs[sec]["figures"]["decode_B1_tokens_per_s"]["value"] > 0
     for sec in ("nanoserve_offline", "nanoserve_eager_offline", "hf_offline_static"):
