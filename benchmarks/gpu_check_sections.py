@@ -172,8 +172,8 @@ def sec_quant_linear(ctx) -> None:
     """Each 8-bit linear path alone on 8B's shapes, bf16 activations, by the rows of x: the GEMV
     (its tiles and splits at one row), the tl.dot tiles, cuBLAS on a dequantized copy, the W8A8
     product (fp8) and bf16 cuBLAS: where each wins, which sets GEMV_ROWS and DEQUANT_ROWS
-    (triton_quant_linear.py). torch's int8 matmul, which the CPU uses, took 1-220 ms here on an
-    H200 (2026-12-04): no GPU kernel to compare."""
+    (triton_quant_linear.py). torch's int8 matmul, which the CPU uses, took milliseconds a call
+    on a GPU (benchmarks/results/gpu-*): not a GPU path, so not timed."""
     import torch
     import torch.nn.functional as F
 

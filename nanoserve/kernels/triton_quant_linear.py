@@ -41,7 +41,7 @@ from nanoserve.kernels.quantization import quantized_linear as reference_linear
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRETED = env.get("TRITON_INTERPRET") == "1"  # read once: triton reads it at import
-# where each path wins, from gpu_check's quant_linear section on an H200 (benchmarks/results/): the
+# where each path wins, from gpu_check's quant_linear section (benchmarks/results/gpu-*): the
 # GEMV slows past two rows (its FMAs grow with them); cuBLAS on a dequantized copy beats the tl.dot
 # tiles somewhere between 128 and 512 rows
 GEMV_ROWS = 2

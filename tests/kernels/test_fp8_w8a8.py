@@ -3,7 +3,7 @@
 Two checks per output. Against x rounded to e4m3 per token as specified (each row over its
 largest |x| / 448, to nearest): only the sums' and the output's rounding, 2^-20 S (S = |x| @ |W|^T)
 and 2^-8 |y|. On a GPU the fp8 tensor cores accumulate in about 14 bits (fp8_w8a8.py's docstring),
-so K 2^-14 S there: an H200 exceeded 2^-13 S (2026-12-04, benchmarks/results/gpu-2026-12-04-*).
+so K 2^-14 S there: a GPU run exceeded 2^-13 S (benchmarks/results/gpu-*).
 Against x itself, the stated error: sum_i |w_i| (2^-4 |x_i| + 2^-10 s), s the row's scale.
 torch._scaled_mm runs on a CPU too, so the arithmetic is checked here; on a CUDA card with fp8
 tensor cores the same tests check the card's."""
