@@ -492,7 +492,8 @@ def sec_lesson_05(ctx):
     su = scenarios.interference_setup(llm, sizes["num_decoders"], sizes["long_prompt_len"], sizes["num_long"],
                                       min_budget=min(sizes["budgets"]))
     ctx.info(sizes=sizes, setup=su.describe(), load_and_probe_s=round(time.perf_counter() - t, 2))
-    runs = scenarios.interference_grid(llm, su, sizes["budgets"], progress=False)
+    with more.eager_decode_steps(ctx):
+        runs = scenarios.interference_grid(llm, su, sizes["budgets"], progress=False)
     rows = []
     for r in runs:
         row = r.summary()

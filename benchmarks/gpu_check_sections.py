@@ -2,7 +2,8 @@
 
   lesson_00 .. lesson_03  each lesson's experiment at the sizes it picks on this device, through
                    the calls its cells make (scripts/reference_results.measure); the series are kept
-                   in the section's info and written as the lessons' reference data of this GPU
+                   in the section's info and written as the lessons' reference data of this GPU;
+                   the decode steps that ran without a CUDA graph are counted
   prefill_attention  the attention of one prompt of 128 to 8192 tokens (the preset's heads, bf16):
                    the flash prefill kernel (Triton), the torch reference (SDPA through the paged
                    cache) and SDPA on contiguous K/V; TFLOP/s of the causal half
@@ -15,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
@@ -24,11 +26,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 
+@contextlib.contextmanager
+def eager_decode_steps(ctx):
+    """Count the decode-only steps run inside, and those of them that ran eagerly where an engine
+    had CUDA graphs (a batch past the captured sizes, a block table past the graphs' width):
+    figures decode_steps and eager_decode_steps of the section."""
+    from nanoserve.engine.cuda_graphs import CudaGraphRunner
+    can_run, counts = CudaGraphRunner.can_run, {"decode": 0, "eager": 0}
+
+    def counted(self, seqs):
+        ok = can_run(self, seqs)
+        if self.enabled and all(s.is_decode and len(s.token_ids) == 1 for s in seqs):
+            counts["decode"] += 1
+            counts["eager"] += not ok
+        return ok
+    CudaGraphRunner.can_run = counted
+    try:
+        yield
+    finally:
+        CudaGraphRunner.can_run = can_run
+        ctx.fig("decode_steps", counts["decode"], "decode-only steps of engines with CUDA graphs")
+        ctx.fig("eager_decode_steps", counts["eager"], "of them run without a graph")
+
+
 def sec_lesson(ctx, lesson: str) -> None:
     """The lesson's experiment at its size here (quick sizes in a dry run)."""
     import reference_results
     t = time.perf_counter()
-    entry = reference_results.measure(lesson, quick=ctx.dry)
+    with eager_decode_steps(ctx):
+        entry = reference_results.measure(lesson, quick=ctx.dry)
     for key, points in entry["series"].items():
         n = len(points) if isinstance(points, list) else sum(len(v) for v in points.values())
         ctx.fig(f"{key}_points", n, "points")

@@ -113,3 +113,23 @@ def test_a_folder_out_gets_the_dated_gpu_name(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (name,) = [p.name for p in out.iterdir()]
     assert name.startswith("gpu-") and name.endswith("-cpu-dry-run.json")
+
+
+def test_decode_steps_without_a_graph_are_counted():
+    from types import SimpleNamespace
+
+    from nanoserve.engine.cuda_graphs import CudaGraphRunner
+    sys.path.insert(0, str(SCRIPT.parent))
+    import gpu_check_sections as more
+    figs = {}
+    ctx = SimpleNamespace(fig=lambda name, value, unit: figs.update({name: value}))
+    graphs = object.__new__(CudaGraphRunner)  # what can_run reads: captured sizes 1 and 2
+    graphs.enabled, graphs.sizes, graphs.max_blocks = True, [1, 2], 4
+    decode = SimpleNamespace(is_decode=True, token_ids=[7], block_ids=[0])
+    prefill = SimpleNamespace(is_decode=False, token_ids=[1, 2, 3], block_ids=[0])
+    with more.eager_decode_steps(ctx):
+        assert graphs.can_run([decode]) and graphs.can_run([decode, decode])
+        assert not graphs.can_run([decode] * 3)  # past the largest graph: eager
+        assert not graphs.can_run([prefill])  # not a decode step: not counted
+    assert figs == {"decode_steps": 3, "eager_decode_steps": 1}
+    assert CudaGraphRunner.can_run is not None and "counted" not in CudaGraphRunner.can_run.__name__
