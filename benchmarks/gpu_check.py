@@ -84,7 +84,7 @@ GROUPS = {  # child process -> (its time limit on a GPU, {its sections in order:
     "nanoserve": (150, {"nanoserve_decode": 15, "nanoserve_prefill": 8, "nanoserve_prefill_sdpa": 8,
                         "nanoserve_offline": 25, "nanoserve_eager_decode": 15}),
     "attention": (30, {"prefill_attention": 10}),
-    "quant_linear": (90, {"quant_linear": 30}),
+    "quant_linear": (100, {"quant_linear": 30}),
     "big": (60, {"nanoserve_decode_8b": 40}),
     "big_int8": (60, {"nanoserve_decode_8b_int8": 40}),
     "big_fp8": (100, {"nanoserve_decode_8b_fp8": 40, "nanoserve_decode_8b_fp8_w8a8": 40}),
@@ -292,8 +292,8 @@ def sec_equivalence(ctx):
         with torch.no_grad():
             refs = [hf.generate(torch.tensor([p], device=dev), max_new_tokens=n_new, min_new_tokens=n_new,
                                 do_sample=False)[0, len(p):].tolist() for p in prompts]
-        # speculation's verify steps run eagerly beside graph-replayed decode steps; the draft is
-        # the target itself, so every draft is accepted and every verify step is full
+        # speculation's verify steps run eagerly beside graph-replayed decode steps; the draft
+        # model is the target itself, so its every draft is accepted and every verify step is full
         speculation = [("ngram", {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                                   "prompt_lookup_min": 1}),
                        ("draft", {"method": "draft_model", "model": folder, "num_speculative_tokens": 3})]

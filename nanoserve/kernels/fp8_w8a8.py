@@ -46,7 +46,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) -> (e4m3 codes (M, K), fp32 scales (M, 1)) with x ~= codes * scales. A row of zeros
     gets a tiny scale and zero codes; a row holding inf or NaN comes out NaN."""
     amax = x.abs().amax(dim=-1, keepdim=True).float()
-    scale = amax.clamp(min=torch.finfo(torch.float32).tiny) / FP8_MAX
+    scale = (amax / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
     codes = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return codes, scale
 
@@ -60,5 +60,5 @@ def fp8_w8a8_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.
     y = torch._scaled_mm(codes, qweight.t(), scale_a=x_scale, scale_b=weight_scale.reshape(1, -1),
                          out_dtype=torch.bfloat16)
     if bias is not None:
-        y = y + bias
+        y.add_(bias)  # in place: the output stays bf16 whatever the bias's dtype
     return y.view(*x.shape[:-1], out_features)

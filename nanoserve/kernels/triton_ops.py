@@ -121,8 +121,11 @@ def _reshape_and_cache_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mappi
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
     if FP8:
-        k = tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -FP8_MAX), FP8_MAX)
-        v = tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -FP8_MAX), FP8_MAX)
+        # propagating NaN, as the reference's clamp does (a GPU's min/max would drop it)
+        k = tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL),
+                       FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+        v = tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL),
+                       FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 

@@ -41,9 +41,10 @@ from nanoserve.kernels.quantization import quantized_linear as reference_linear
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRETED = env.get("TRITON_INTERPRET") == "1"  # read once: triton reads it at import
-# where each path wins, from gpu_check's quant_linear section (benchmarks/results/gpu-*): the
-# GEMV slows past two rows (its FMAs grow with them); cuBLAS on a dequantized copy beats the tl.dot
-# tiles somewhere between 128 and 512 rows
+# where each path wins, provisionally: gpu_check's quant_linear section (benchmarks/results/gpu-*)
+# has timed them only with each call's launch cost included. There the GEMV won at 1-2 rows on the
+# widest layer and slowed past them (its FMAs grow with the rows), and cuBLAS on a dequantized copy
+# beat the tl.dot tiles somewhere between 128 and 512 rows
 GEMV_ROWS = 2
 DEQUANT_ROWS = 256
 
@@ -184,7 +185,7 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch
         return reference_linear(x, qweight, weight_scale, bias)
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
-    if m <= GEMV_ROWS:
+    if 0 < m <= GEMV_ROWS:
         y = gemv(x2, qweight, weight_scale, bias)
     elif m >= DEQUANT_ROWS:
         y = F.linear(x2, dequantize(qweight, weight_scale, x.dtype), bias)

@@ -112,3 +112,28 @@ def test_triton_fp8_cache_write_and_attention_match_the_reference(triton_ops, de
     want = reference.paged_attention(q, k8, v8, attn, 0.25, k_scale, v_scale)
     got = triton_ops.paged_attention(q, k8, v8, attn, 0.25, k_scale=k_scale, v_scale=v_scale)
     torch.testing.assert_close(got, want, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_a_nan_written_to_an_fp8_cache_stays_nan(request, backend):
+    """A clamp to +-448 must not turn NaN into a number (GPU min/max drop NaN unless told)."""
+    if backend == "triton":
+        device = request.getfixturevalue("device")
+        if device == "cpu":
+            pytest.skip("the interpreter's fp32 -> e4m3 cast turns NaN into a number; a GPU casts "
+                        "in hardware")
+        write = request.getfixturevalue("triton_ops").reshape_and_cache
+    elif backend == "cpu":
+        if not request.getfixturevalue("cpu_ops"):
+            pytest.skip("C++ ops not built")
+        write, device = cpu_layer_ops.reshape_and_cache, "cpu"
+    else:
+        write, device = reference.reshape_and_cache, "cpu"
+    k = torch.randn(2, 1, 16, device=device)
+    v = torch.randn(2, 1, 16, device=device)
+    k[0, 0, 3], v[1, 0, 7] = float("nan"), float("nan")
+    k_cache, v_cache = (torch.zeros(2, 4, 1, 16, device=device).to(FP8) for _ in range(2))
+    write(k, v, k_cache, v_cache, torch.tensor([1, 6], device=device), k_scale=0.5, v_scale=2.0)
+    k8, v8 = k_cache.view(-1, 16).float(), v_cache.view(-1, 16).float()
+    assert k8[1, 3].isnan() and v8[6, 7].isnan()
+    assert k8.isnan().sum() == 1 and v8.isnan().sum() == 1

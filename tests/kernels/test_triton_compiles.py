@@ -1,5 +1,6 @@
-"""The Triton attention kernels and the cache write compile for a GPU target (sm_90) on a machine
-without one, over float and fp8 (e4m3) caches.
+"""The Triton attention kernels, the cache write and the quantized linears' GEMV and dequantize
+compile for a GPU target (sm_90) on a machine without one, over float and fp8 (e4m3) caches and
+int8 and e4m3 codes.
 
 The interpreter runs kernels as Python, so it cannot catch what only the compiler rejects (types
 of loop-carried values, tile shapes, shared memory). Triton compiles to PTX and cubin without a
@@ -18,7 +19,7 @@ SCRIPT = r'''
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from nanoserve.kernels import triton_attention, triton_ops, triton_prefill
+from nanoserve.kernels import triton_attention, triton_ops, triton_prefill, triton_quant_linear
 
 target = GPUTarget("cuda", 90, 32)
 ints = ["stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_cb", "stride_cs", "stride_ch",
@@ -52,6 +53,21 @@ for dtype, native, precision, cache in cases:
                                  "stride_cs", "stride_ch", "block_size", "num_kv_heads", "head_dim"]},
            "k_scale": "fp32", "v_scale": "fp32", "FP8_MAX": "fp32", **{k: "constexpr" for k in consts}}
     src = ASTSource(fn=triton_ops._reshape_and_cache_kernel, signature=sig, constexprs=consts)
+    triton.compile(src, target=target, options=dict(num_warps=4))
+# the quantized linears' GEMV and dequantize, over int8 and e4m3 codes
+for code in ("i8", "fp8e4nv"):
+    for rows, one_group in [(1, True), (2, False), (16, True)]:
+        consts = dict(BLOCK_M=rows, BLOCK_N=16, BLOCK_K=512 if one_group else 32, ONE_GROUP=one_group)
+        sig = {"x_ptr": "*bf16", "q_ptr": "*" + code, "s_ptr": "*fp32", "y_ptr": "*fp32",
+               **{n: "i32" for n in ["M", "N", "K", "k_per_split", "groups", "group_size", "stride_xm",
+                                     "stride_qn", "stride_yk", "stride_ym"]},
+               **{k: "constexpr" for k in consts}}
+        src = ASTSource(fn=triton_quant_linear._w8a16_gemv_kernel, signature=sig, constexprs=consts)
+        triton.compile(src, target=target, options=dict(num_warps=4))
+    consts = dict(BLOCK_N=16, BLOCK_K=256)
+    sig = {"q_ptr": "*" + code, "s_ptr": "*fp32", "w_ptr": "*bf16",
+           **{n: "i32" for n in ["N", "K", "groups", "group_size"]}, **{k: "constexpr" for k in consts}}
+    src = ASTSource(fn=triton_quant_linear._dequantize_kernel, signature=sig, constexprs=consts)
     triton.compile(src, target=target, options=dict(num_warps=4))
 print("compiled")
 '''

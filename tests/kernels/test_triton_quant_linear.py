@@ -139,3 +139,9 @@ def test_each_batch_goes_to_its_path(triton_quant, device, monkeypatch):
     for rows in (1, g, g + 1, d - 1, d):
         triton_quant.quantized_linear(torch.randn(rows, 64, device=device), q, s)
     assert taken == ["gemv", "gemv", "tiled", "tiled", "dequantize"]
+
+
+def test_no_rows_give_no_rows(triton_quant, device):
+    q, s = quantization.quantize_weight(torch.randn(16, 64), "int8")
+    got = triton_quant.quantized_linear(torch.empty(0, 64, device=device), q.to(device), s.to(device))
+    assert got.shape == (0, 16)
