@@ -56,8 +56,10 @@ def test_dry_run_reports_every_section_with_units(tmp_path):
     check_shape(result, gc.SECTIONS)
     secs = result["sections"]
     not_ok = {n: s.get("reason") for n, s in secs.items() if s["status"] != "ok"}
-    # HF's continuous batching is a moving target across transformers versions: allowed to fail
-    assert set(not_ok) <= {"hf_continuous"}, not_ok
+    # HF's continuous batching is a moving target across transformers versions: allowed to fail;
+    # without triton (`make test-no-triton`) the section that calls the Triton kernels directly fails
+    allowed = {"hf_continuous"} | ({"quant_linear"} if importlib.util.find_spec("triton") is None else set())
+    assert set(not_ok) <= allowed, not_ok
     kt = secs["kernel_tests"]["figures"]
     assert kt["failed"]["value"] == kt["errors"]["value"] == 0
     # without triton (macOS, Windows: `make test-no-triton`) the Triton kernel tests skip
@@ -68,7 +70,8 @@ def test_dry_run_reports_every_section_with_units(tmp_path):
     assert result["summary"]["kv_blocks_fp8_over_bf16"]["value"] == 2.0
     for q in ("int8", "fp8", "fp8_w8a8"):
         assert secs[f"nanoserve_decode_8b_{q}"]["figures"]["prefill_48_TFLOPs"]["value"] > 0
-    assert secs["quant_linear"]["figures"]["48x64_int8_M70_dequant_us"]["value"] > 0
+    if importlib.util.find_spec("triton") is not None:
+        assert secs["quant_linear"]["figures"]["48x64_int8_M70_dequant_us"]["value"] > 0
     for sec in ("nanoserve_decode", "nanoserve_eager_decode", "hf_decode"):
         assert secs[sec]["figures"]["decode_B1_tokens_per_s"]["value"] > 0
     for sec in ("nanoserve_offline", "nanoserve_eager_offline", "hf_offline_static"):
