@@ -188,16 +188,21 @@ class Ctx:
         return [(self.prompts(1, rng.randint(lo, hi), rng.randrange(2**31))[0], rng.randint(lo, hi))
                 for _ in range(self.S["n_requests"])]
 
+    def engine_config(self, **fields):
+        """The sections' engine configuration, some fields changed."""
+        from nanoserve import EngineConfig
+        S = self.S
+        return EngineConfig(**{**dict(block_size=16, kv_cache_memory=S["kv_bytes"],
+                                      max_num_seqs=S["max_seqs"], max_num_batched_tokens=S["max_batched"],
+                                      max_model_len=S["max_model_len"], enable_prefix_caching=False,
+                                      cuda_graph_batch_sizes=S["graph_sizes"]), **fields})
+
     def llm(self, eager: bool):
         if ("llm", eager) not in self.cache:
-            from nanoserve import LLM, EngineConfig
+            from nanoserve import LLM
             self.free(("llm", not eager))
-            S = self.S
-            cfg = EngineConfig(block_size=16, kv_cache_memory=S["kv_bytes"], max_num_seqs=S["max_seqs"],
-                               max_num_batched_tokens=S["max_batched"], max_model_len=S["max_model_len"],
-                               enable_prefix_caching=False, cuda_graph_batch_sizes=S["graph_sizes"],
-                               enforce_eager=eager)
-            self.cache["llm", eager] = LLM(S["model"], device=self.dev, dtype=S["dtype"], seed=0, config=cfg)
+            self.cache["llm", eager] = LLM(self.S["model"], device=self.dev, dtype=self.S["dtype"], seed=0,
+                                           config=self.engine_config(enforce_eager=eager))
         return self.cache["llm", eager]
 
     def hf(self):
@@ -379,15 +384,18 @@ def decode_sweep(ctx, step_times, note: str, batches=None, model: str | None = N
         ctx.fig(f"decode_B{B}_GBps", cost.total_bytes / itl / 1e9, "GB/s (compulsory bytes / step time)")
 
 
-def prefill_sweep(ctx, run_one, note: str):
-    """run_one(prompt) answers one prompt with one token: median wall time over fresh prompts."""
+def prefill_sweep(ctx, run_one, note: str, lens=None, model: str | None = None,
+                  weight_bytes: float | None = None):
+    """run_one(prompt) answers one prompt with one token: median wall time over fresh prompts, at
+    each of `lens` (default: the sections' prefill lengths) of `model`'s vocabulary."""
     from nanoserve.measure.roofline import prefill_batch
-    ctx.info(timing=note)
-    for P in ctx.S["prefill_lens"]:
-        times = [ctx.timed(lambda: run_one(p)) for p in ctx.prompts(ctx.S["reps"] + 1, P, P)][1:]
-        ctx.fig(f"prefill_{P}_time", statistics.median(times) * 1e3, "ms")
-        ctx.fig(f"prefill_{P}_tokens_per_s", P / statistics.median(times), "tokens/s")
-        ctx.fig(f"prefill_{P}_TFLOPs", step_cost(ctx, prefill_batch(P)).total_flops / statistics.median(times)
+    ctx.info(**{"timing" if lens is None else "prefill_timing": note})  # beside a decode sweep's note
+    for P in lens or ctx.S["prefill_lens"]:
+        times = [ctx.timed(lambda: run_one(p)) for p in ctx.prompts(ctx.S["reps"] + 1, P, P, model)][1:]
+        t = statistics.median(times)
+        ctx.fig(f"prefill_{P}_time", t * 1e3, "ms")
+        ctx.fig(f"prefill_{P}_tokens_per_s", P / t, "tokens/s")
+        ctx.fig(f"prefill_{P}_TFLOPs", step_cost(ctx, prefill_batch(P), model, weight_bytes).total_flops / t
                 / 1e12, "TFLOP/s (useful FLOPs / time)")
 
 
@@ -445,7 +453,7 @@ def sec_nanoserve_decode_8b(ctx, quantization: str | None = None, w8a8: bool = F
     from unittest import mock
 
     from nanoserve import LLM, EngineConfig, SamplingParams
-    from nanoserve.measure.roofline import prefill_batch, quantized_weight_bytes
+    from nanoserve.measure.roofline import quantized_weight_bytes
     big = BIG["dry" if ctx.dry else "gpu"]
     top, P = max(big["decode_batches"]), big["prefill_len"]
     cfg = EngineConfig(block_size=16, kv_cache_memory=big["kv_bytes"], max_num_seqs=top,
@@ -463,23 +471,16 @@ def sec_nanoserve_decode_8b(ctx, quantization: str | None = None, w8a8: bool = F
     weight_bytes = quantized_weight_bytes(llm.engine.model)
     nanoserve_decode(ctx, False, llm, big["decode_batches"], big["model"], weight_bytes)
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    times = [ctx.timed(lambda: llm.generate([p], one)) for p in ctx.prompts(4, P, P, big["model"])][1:]
-    ctx.fig(f"prefill_{P}_time", statistics.median(times) * 1e3, "ms (one prompt, max_tokens=1: TTFT)")
-    cost = step_cost(ctx, prefill_batch(P), big["model"], weight_bytes)
-    ctx.fig(f"prefill_{P}_TFLOPs", cost.total_flops / statistics.median(times) / 1e12,
-            "TFLOP/s (useful FLOPs / time)")
+    prefill_sweep(ctx, lambda p: llm.generate([p], one), "generate(one prompt, max_tokens=1): TTFT, median",
+                  [P], big["model"], weight_bytes)
 
 
 def sec_nanoserve_decode_kv_fp8(ctx):
     """The sections' model with an fp8 KV cache: the same KV memory holds twice bf16's blocks; the
     decode sweep says what reading one byte a value (and dequantizing it in the tile) costs."""
-    from nanoserve import LLM, EngineConfig
-    S = ctx.S
-    cfg = EngineConfig(block_size=16, kv_cache_memory=S["kv_bytes"], max_num_seqs=S["max_seqs"],
-                       max_num_batched_tokens=S["max_batched"], max_model_len=S["max_model_len"],
-                       enable_prefix_caching=False, cuda_graph_batch_sizes=S["graph_sizes"],
-                       kv_cache_dtype="fp8")
-    llm = LLM(S["model"], device=ctx.dev, dtype=S["dtype"], seed=0, config=cfg)
+    from nanoserve import LLM
+    llm = LLM(ctx.S["model"], device=ctx.dev, dtype=ctx.S["dtype"], seed=0,
+              config=ctx.engine_config(kv_cache_dtype="fp8"))
     nanoserve_decode(ctx, False, llm, kv_dtype_bytes=1)
 
 

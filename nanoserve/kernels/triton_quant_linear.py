@@ -6,9 +6,9 @@ the number of rows of x, because decode and prefill are different workloads:
 - A few rows (decode, up to GEMV_ROWS): `_w8a16_gemv_kernel`. A step reads every code once, so
   the kernel must stream them at the memory's rate: one program owns BLOCK_N outputs and reads
   their codes in long BLOCK_K runs, each code widened once and used for every row of x, summed in
-  fp32 without tensor cores (a tensor-core tile would be 16 rows, mostly padding). SPLIT_K > 1
-  splits K over programs when the outputs alone are too few to fill the card; each writes an fp32
-  partial and torch sums them, in a fixed order, so a result does not depend on timing.
+  fp32 without tensor cores (a tensor-core tile would be 16 rows, mostly padding). A split of K
+  over programs, when the outputs alone are too few to fill the card, has each write an fp32
+  partial that torch sums in a fixed order, so a result does not depend on timing.
 - A middling batch: `_w8a16_kernel`, one BLOCK_M x BLOCK_N tile of y per program: it walks K
   BLOCK_K values at a time, multiplies x's tile by the codes' tile (tl.dot, fp32 accumulation; the
   codes widened to x's dtype, exactly: an int8 or e4m3 value fits bf16's and fp16's 8 and 11
@@ -22,11 +22,13 @@ of all K. `pack_quantized(model)` puts a CUDA model's quantized linears on it (k
 weights_after_loading on the Triton backend). Activations other than fp32, fp16 and bf16, and
 groups of fewer than 16 values, take the reference. Per-channel fp8 codes with bf16 activations on
 a card with fp8 tensor cores take fp8_w8a8.py's W8A8 product past GEMV_ROWS rows, where
-NANOSERVE_FP8_W8A8 asks for it. Left out:
-autotuning (benchmarks/gpu_check.py's quant_linear section times the choices on a GPU).
+NANOSERVE_FP8_W8A8 asks for it. Left out: autotuning (benchmarks/gpu_check.py's quant_linear
+section times the choices on a GPU).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +136,12 @@ def _block_k(group_size: int) -> int | None:
     return next((b for b in (64, 32, 16) if group_size % b == 0), None)
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    """The card's streaming multiprocessors, asked once: gemv runs for every decode linear."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
          block_n: int = 16, block_k: int = 512, split_k: int | None = None,
          num_warps: int = 4) -> torch.Tensor:
@@ -146,7 +154,7 @@ def gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bi
     if groups > 1:  # a K-step lies in one group
         block_k = min(block_k, group_size & -group_size)
     if split_k is None:
-        sms = torch.cuda.get_device_properties(x2.device).multi_processor_count if x2.is_cuda else 1
+        sms = _multiprocessors(x2.device) if x2.is_cuda else 1
         split_k = max(1, min(4 * sms // triton.cdiv(n, block_n), k // (4 * block_k)))
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_per_split)
