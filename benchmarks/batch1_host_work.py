@@ -2,8 +2,8 @@
 
     python benchmarks/batch1_host_work.py [--model smollm2-135m] [--steps 32] [--rounds 3]
 
-Per variant (bf16 weights; int8 codes with the lm_head as codes too; each by default, one call a
-layer (kernels/cpu_decode_layer.py), and with enforce_eager=True, every kernel called from
+Per variant (bf16 weights; int8 codes with the lm_head as codes too; each by default, the layers
+in one call (kernels/cpu_decode_layer.py), and with enforce_eager=True, every kernel called from
 Python), in interleaved rounds, lesson 11's `host_split` at batch 1: the step's wall time by
 phase, the forward's ops' own time (torch.profiler over as many further steps) and so the Python
 between those ops. A model with many thin layers pays that Python once per op per layer, which a

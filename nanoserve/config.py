@@ -232,7 +232,7 @@ class EngineConfig:
     # CUDA: decode batch sizes to capture; None: vLLM's list up to max_num_seqs (cuda_graphs.py)
     cuda_graph_batch_sizes: list[int] | None = None
     # every kernel called one by one from Python: no CUDA-graph capture (CUDA), no fused decode
-    # layer (CPU backend, kernels/cpu_decode_layer.py)
+    # layers (CPU backend, kernels/cpu_decode_layer.py)
     enforce_eager: bool = False
     compile: bool = False  # torch.compile the model over the reference ops (inductor's kernels)
     # speculative decoding: a SpeculativeConfig or a dict of its fields; None drafts nothing

@@ -5,8 +5,8 @@ rotary_embedding, reshape_and_cache, paged_attention and silu_and_mul (the MLP's
 with identical signatures: Triton on CUDA when triton is installed (it is Linux-only); on a CPU
 the five in C++ (cpu_attention.py, cpu_layer_ops.py: each the reference's arithmetic in one
 call) where those ops build (cpu_build.py); the torch reference (reference.py, the
-specification) elsewhere. The CPU namespace also has `decode_layer`: at a step of a few
-tokens, a layer's kernels called from C++ in one call (cpu_decode_layer.py; off with
+specification) elsewhere. The CPU namespace also has `decode_layers`: at a step of a few
+tokens, every layer's kernels called from C++ in one call (cpu_decode_layer.py; off with
 `EngineConfig(enforce_eager=True)`). `NANOSERVE_KERNELS=reference|cpu|triton` overrides
 (triton on a CPU needs TRITON_INTERPRET=1 set before the first import, and is very slow).
 
@@ -78,7 +78,7 @@ def get_ops(device):
                          rms_norm=cpu_layer_ops.rms_norm, rotary_embedding=cpu_layer_ops.rotary_embedding,
                          reshape_and_cache=cpu_layer_ops.reshape_and_cache,
                          silu_and_mul=cpu_layer_ops.silu_and_mul)
-        ops.decode_layer = cpu_decode_layer.decode_layer  # these five in one call, where a step allows
+        ops.decode_layers = cpu_decode_layer.decode_layers  # the layers in one call, where a step allows
         return ops
     return reference
 
@@ -110,7 +110,7 @@ def kernel_ops(base=None, **overrides) -> SimpleNamespace:
 
     kernel_ops(paged_attention=f).paged_attention is f; the others are the reference's. A base
     without one of KERNEL_NAMES (a namespace from before silu_and_mul) gets the reference's. The
-    result has no `decode_layer` (get_ops's CPU namespace has), so every kernel in it runs.
+    result has no `decode_layers` (get_ops's CPU namespace has), so every kernel in it runs.
     """
     bad = sorted(set(overrides) - set(KERNEL_NAMES))
     if bad:

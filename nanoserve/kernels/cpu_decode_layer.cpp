@@ -1,14 +1,14 @@
-// A whole decoder layer's step of a few tokens in one call: the same C++ ops, in the same order and
-// on the same shapes, that model/llama.py's DecoderLayer calls one by one from Python.
+// A decode step's decoder layers of a few tokens in one call: the same C++ ops, in the same order
+// and on the same shapes, that model/llama.py's DecoderLayer calls one by one from Python.
 //
 // At batch 1 a layer is some fifteen small op calls (two norms, four linears, rotary, the cache
 // write, attention, the activation), and on a CPU the Python between them (module calls, the
 // kernels' wrappers, dispatch) costs about as much as a thin layer's weight read
-// (benchmarks/batch1_host_work.py). Here the calls go from C++ through torch's dispatcher: the
-// arithmetic is the ops' own, so the output equals the op-by-op path's bit for bit
-// (cpu_decode_layer.py says which layers and steps take it). Attention takes every token as a row
-// of its own, with its sequence's block table and its causal length, as cpu_attention.py gives a
-// speculative verify's rows to the decode op.
+// (benchmarks/batch1_host_work.py). Here the calls go from C++ through torch's dispatcher, every
+// layer in turn: the arithmetic is the ops' own, so the output equals the op-by-op path's bit for
+// bit (cpu_decode_layer.py says which layers and steps take it). Attention takes every token as a
+// row of its own, with its sequence's block table and its causal length, as cpu_attention.py gives
+// a speculative verify's rows to the decode op.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -112,13 +112,45 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
   return {linear(act, down_proj), stream2};
 }
 
+// Every layer in turn, the first with no residual stream yet: `norms` holds each layer's two norms,
+// `linears` each layer's four linears' tensors one after another, `arity[i]` how many the i-th has.
+std::tuple<at::Tensor, at::Tensor> decode_layers(
+    const at::Tensor& x, const std::vector<at::Tensor>& norms, double eps, const std::vector<at::Tensor>& linears,
+    const std::vector<int64_t>& arity, int64_t num_heads, int64_t num_kv_heads, const at::Tensor& positions,
+    const at::Tensor& cos_sin_cache, const std::vector<at::Tensor>& k_caches, const std::vector<at::Tensor>& v_caches,
+    const at::Tensor& slot_mapping, const at::Tensor& row_tables, const at::Tensor& row_lens, double scale,
+    const std::vector<double>& k_scales, const std::vector<double>& v_scales) {
+  const size_t L = k_caches.size();
+  TORCH_CHECK(L > 0 && norms.size() == 2 * L && arity.size() == 4 * L && v_caches.size() == L &&
+                  k_scales.size() == L && v_scales.size() == L,
+              "decode_layers: each layer needs two norms, four linears, a K and a V cache and their scales");
+  at::Tensor h = x;
+  OptTensor residual;
+  size_t next = 0;
+  std::vector<at::Tensor> w[4];
+  for (size_t l = 0; l < L; ++l) {
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = arity[4 * l + j];
+      TORCH_CHECK(next + n <= linears.size(), "decode_layers: fewer linear tensors than arity says");
+      w[j].assign(linears.begin() + next, linears.begin() + next + n);
+      next += n;
+    }
+    auto [out, stream] = decode_layer(h, residual, norms[2 * l], norms[2 * l + 1], eps, w[0], w[1], w[2], w[3],
+                                      num_heads, num_kv_heads, positions, cos_sin_cache, k_caches[l], v_caches[l],
+                                      slot_mapping, row_tables, row_lens, scale, k_scales[l], v_scales[l]);
+    h = out;
+    residual = stream;
+  }
+  TORCH_CHECK(next == linears.size(), "decode_layers: more linear tensors than arity says");
+  return {h, *residual};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(nanoserve_cpu, m) {
-  m.def("decode_layer(Tensor x, Tensor? residual, Tensor input_norm, Tensor post_norm, float eps, "
-        "Tensor[] qkv_proj, Tensor[] o_proj, Tensor[] gate_up_proj, Tensor[] down_proj, int num_heads, "
-        "int num_kv_heads, Tensor positions, Tensor cos_sin_cache, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor slot_mapping, Tensor row_tables, Tensor row_lens, float scale, float k_scale, float v_scale) -> "
-        "(Tensor, Tensor)",
-        &decode_layer);
+  m.def("decode_layers(Tensor x, Tensor[] norms, float eps, Tensor[] linears, int[] arity, int num_heads, "
+        "int num_kv_heads, Tensor positions, Tensor cos_sin_cache, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, "
+        "Tensor slot_mapping, Tensor row_tables, Tensor row_lens, float scale, float[] k_scales, float[] v_scales) "
+        "-> (Tensor, Tensor)",
+        &decode_layers);
 }

@@ -107,12 +107,6 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = nn.Parameter(torch.ones(cfg.hidden_size))
 
     def forward(self, positions, x, residual, kv_cache, attn, cos_sin):
-        # a backend may run a decode step's whole layer in one call, the same kernels in this
-        # order (the CPU's: there the Python between small ops costs as much as they do)
-        fused = getattr(self.ops, "decode_layer", None)
-        out = None if fused is None else fused(self, positions, x, residual, kv_cache, attn, cos_sin)
-        if out is not None:
-            return out
         # the residual stream is carried separately so each norm fuses the add before it
         if residual is None:
             residual, x = x, self.ops.rms_norm(x, self.input_layernorm, self.eps)
@@ -168,9 +162,16 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, kv_caches, attn: AttentionMetadata):
         """input_ids, positions: (T,); kv_caches: per layer (k_cache, v_cache). -> (T, hidden)."""
         x = self.embed_tokens(input_ids)  # (T, hidden)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(positions, x, residual, kv_cache, attn, self.cos_sin_cache)
+        # a backend may run a decode step's layers in one call, the same kernels in this order
+        # (the CPU's: there the Python between small ops costs as much as they do)
+        fused = getattr(self.ops, "decode_layers", None)
+        out = None if fused is None else fused(self.layers, positions, x, kv_caches, attn, self.cos_sin_cache)
+        if out is not None:
+            x, residual = out
+        else:
+            residual = None
+            for layer, kv_cache in zip(self.layers, kv_caches):
+                x, residual = layer(positions, x, residual, kv_cache, attn, self.cos_sin_cache)
         x, _ = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
         return x
 

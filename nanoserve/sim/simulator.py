@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from nanoserve.config import EngineConfig, ModelConfig
 from nanoserve.engine import Executor, LLMEngine, SchedulerOutput, StepRecord
 from nanoserve.engine.kv_cache import kv_cache_torch_dtype
-from nanoserve.kernels.cpu_decode_layer import MAX_ROWS as FEW_ROWS  # the CPU backend's one call a layer
+from nanoserve.kernels.cpu_decode_layer import MAX_ROWS as FEW_ROWS  # the CPU backend's layers in one call
 from nanoserve.measure.bench import drive
 from nanoserve.measure.metrics import ServingMetrics, compute_metrics
 from nanoserve.measure.roofline import StepCost, dtype_bytes, dtype_name, step_cost
@@ -115,7 +115,7 @@ class CostModel:
 
 def step_kind(num_prefill_tokens: int, num_seqs: int) -> str:
     """Which measured steps a step's noise comes from: "prefill" (any prefill token), "few" (a
-    decode step of up to FEW_ROWS sequences, which the CPU backend runs a layer per call:
+    decode step of up to FEW_ROWS sequences, which the CPU backend runs in one call for the layers:
     kernels/cpu_decode_layer.py, a saving no cost feature sees) or "decode"."""
     return "prefill" if num_prefill_tokens else "few" if num_seqs <= FEW_ROWS else "decode"
 

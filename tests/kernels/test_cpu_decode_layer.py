@@ -1,7 +1,7 @@
-"""cpu_decode_layer: a decoder layer's step of a few tokens in one C++ call equals the op-by-op path
-bit for bit (its output, the residual stream and the KV cache it writes), wherever it runs: decodes
-of up to MAX_ROWS sequences and speculative verifies; and it steps aside (returns None) where a
-step or a layer needs other kernels."""
+"""cpu_decode_layer: a step of a few tokens through every decoder layer in one C++ call equals the
+op-by-op path bit for bit (the output, the residual stream and the KV caches it writes), wherever it
+runs: decodes of up to MAX_ROWS sequences and speculative verifies; and it steps aside (returns
+None) where a step or a layer needs other kernels."""
 
 import functools
 from dataclasses import replace
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanoserve import LLM, EngineConfig, ModelConfig, SamplingParams
-from nanoserve.kernels import AttentionMetadata, cpu_decode_layer, kernel_ops, use_kernels
+from nanoserve.kernels import AttentionMetadata, cpu_decode_layer, use_kernels
 
 SHAPE = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -26,26 +26,31 @@ def need_cpu_ops(cpu_ops):
         pytest.skip("the C++ CPU ops did not build here")
 
 
-def checked_engine(llm, seen: list):
-    """Every call of the model's decode_layer also runs the layer op by op on a copy of the KV
-    cache; the op-by-op result goes on. `seen`: (tokens, fused?, both agree exactly?), recorded
-    rather than asserted here: the engine turns an exception in a step into failed requests."""
-    ops = llm.engine.executor.model.layers[0].ops
-    fused_fn = ops.decode_layer
+def op_by_op(layers, positions, x, kv_caches, attn, cos_sin):
+    """The layers' forward one op at a time (DecoderLayer.forward), as the model runs them without
+    decode_layers."""
+    residual = None
+    for layer, kv_cache in zip(layers, kv_caches):
+        x, residual = layer(positions, x, residual, kv_cache, attn, cos_sin)
+    return x, residual
 
-    def check(layer, positions, x, residual, kv_cache, attn, cos_sin):
-        copy = tuple(c.clone() for c in kv_cache)
-        fused = fused_fn(layer, positions, x, residual, copy, attn, cos_sin)
-        plain_ops, layer.ops = layer.ops, kernel_ops(layer.ops)  # the same kernels, no decode_layer
-        try:
-            out = layer(positions, x, residual, kv_cache, attn, cos_sin)
-        finally:
-            layer.ops = plain_ops
-        same = fused is None or (torch.equal(fused[0], out[0]) and torch.equal(fused[1], out[1])
-                                 and all(torch.equal(a, b) for a, b in zip(copy, kv_cache)))
+
+def checked_engine(llm, seen: list):
+    """Every call of the model's decode_layers also runs the layers op by op on a copy of the KV
+    caches; the op-by-op result goes on. `seen`: (tokens, fused?, both agree exactly?), recorded
+    rather than asserted here: the engine turns an exception in a step into failed requests."""
+    ops = llm.engine.executor.model.ops
+    fused_fn = ops.decode_layers
+
+    def check(layers, positions, x, kv_caches, attn, cos_sin):
+        copies = [tuple(c.clone() for c in kv) for kv in kv_caches]
+        fused = fused_fn(layers, positions, x, copies, attn, cos_sin)
+        out = op_by_op(layers, positions, x, kv_caches, attn, cos_sin)
+        same = fused is None or (torch.equal(fused[0], out[0]) and torch.equal(fused[1], out[1]) and all(
+            torch.equal(a, b) for copy, kv in zip(copies, kv_caches) for a, b in zip(copy, kv)))
         seen.append((x.shape[0], fused is not None, same))
         return out
-    ops.decode_layer = check
+    ops.decode_layers = check
     return ops, fused_fn
 
 
@@ -53,7 +58,7 @@ def checked_engine(llm, seen: list):
     ("float32", None, False, "auto"), ("bfloat16", None, False, "auto"), ("bfloat16", "int8", False, "auto"),
     ("float32", "fp8", False, "auto"), ("bfloat16", None, True, "auto"), ("bfloat16", "int8", True, "auto"),
     ("bfloat16", None, False, "fp8"), ("float32", "int8", False, "fp8")])
-def test_a_decode_layer_in_one_call_equals_the_op_by_op_path(dtype, quantization, bias, kv):
+def test_the_layers_in_one_call_equal_the_op_by_op_path(dtype, quantization, bias, kv):
     llm = LLM(replace(SHAPE, attention_bias=bias), device="cpu", dtype=dtype,
               config=EngineConfig(quantization=quantization, max_num_seqs=16, kv_cache_dtype=kv))
     if bias:  # a random model's biases are zeros, which a dropped bias would not show
@@ -67,7 +72,7 @@ def test_a_decode_layer_in_one_call_equals_the_op_by_op_path(dtype, quantization
         outs = [o for batch in (PROMPTS[:1], PROMPTS[:2], PROMPTS[:3], MANY[:8], MANY)
                 for o in llm.generate(batch, params)]
     finally:
-        ops.decode_layer = fused_fn
+        ops.decode_layers = fused_fn
     assert all(o.finish_reason == "length" for o in outs)
     assert all(same for _, _, same in seen)
     # decode steps of 1, 2, 3 and 8 sequences ran it (and prompts of up to MAX_ROWS tokens)
@@ -78,7 +83,7 @@ def test_a_decode_layer_in_one_call_equals_the_op_by_op_path(dtype, quantization
 @pytest.mark.parametrize("dtype,quantization", [("float32", None), ("bfloat16", "int8"), ("bfloat16", "fp8")])
 def test_a_speculative_verify_runs_in_one_call_with_the_op_by_op_tokens(dtype, quantization):
     """A verify step's rows (the last token and the drafts of a sequence, beside other sequences'
-    decodes) run in one call a layer, each row attending to its causal length; the tokens equal
+    decodes) run in the one call, each row attending to its causal length; the tokens equal
     the plain engine's run op by op."""
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     prompts = [[7, 8, 9, 10, 7, 8, 9, 10, 7, 8, 9, 10, 7, 8], [11, 12, 13, 11, 12, 13, 11, 12]]
@@ -92,7 +97,7 @@ def test_a_speculative_verify_runs_in_one_call_with_the_op_by_op_tokens(dtype, q
     try:
         outs = [llm.generate(batch, params) for batch in (prompts[:1], prompts)]
     finally:
-        ops.decode_layer = fused_fn
+        ops.decode_layers = fused_fn
     assert all(same for _, _, same in seen)
     assert any(f and t > 2 for t, f, _ in seen)  # verify steps (1 + drafts rows) took it
     stats = llm.engine.scheduler.stats
@@ -105,13 +110,13 @@ def test_enforce_eager_and_a_learners_kernel_run_op_by_op_with_the_same_tokens()
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     fused = LLM(SHAPE, device="cpu", dtype="bfloat16")
     eager = LLM(SHAPE, device="cpu", dtype="bfloat16", config=EngineConfig(enforce_eager=True))
-    assert fused.engine.executor.model.layers[0].ops.decode_layer is cpu_decode_layer.decode_layer
-    assert not hasattr(eager.engine.executor.model.layers[0].ops, "decode_layer")
+    assert fused.engine.executor.model.ops.decode_layers is cpu_decode_layer.decode_layers
+    assert not hasattr(eager.engine.executor.model.ops, "decode_layers")
     for batch in (PROMPTS[:1], PROMPTS[:2]):
         assert ([o.token_ids for o in fused.generate(batch, params)] ==
                 [o.token_ids for o in eager.generate(batch, params)])
-    use_kernels(fused)  # a namespace built for a learner's kernel has no fused layer to skip it
-    assert not hasattr(fused.engine.executor.model.layers[0].ops, "decode_layer")
+    use_kernels(fused)  # a namespace built for a learner's kernel has no fused layers to skip it
+    assert not hasattr(fused.engine.executor.model.ops, "decode_layers")
 
 
 def test_a_layer_the_op_cannot_take_runs_op_by_op():
@@ -122,22 +127,24 @@ def test_a_layer_the_op_cannot_take_runs_op_by_op():
     try:
         llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     finally:
-        ops.decode_layer = fused_fn
+        ops.decode_layers = fused_fn
     assert seen and not any(f for _, f, _ in seen)
 
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
        quantization=st.sampled_from([None, "int8", "fp8"]), kv=st.sampled_from(["auto", "fp8"]))
-def test_any_step_of_a_few_tokens_equals_the_op_by_op_layer(data, dtype, quantization, kv):
+def test_any_step_of_a_few_tokens_equals_the_op_by_op_layers(data, dtype, quantization, kv):
     """A step of up to MAX_ROWS tokens split any way into sequences (decodes first, then queries
     of several tokens: verifies, short chunks after a prefix of any length), on random block
-    tables and a KV cache of random contents: the fused layer's output, residual and cache write
-    equal the op-by-op layer's bit for bit."""
+    tables and KV caches of random contents, through one layer or both of a model's (the second
+    takes the first's residual stream): the fused layers' output, residual and cache writes equal
+    the op-by-op layers' bit for bit."""
     llm = _llm(dtype, quantization, kv)
     model = llm.engine.executor.model
+    layers = model.layers[:data.draw(st.integers(1, SHAPE.num_hidden_layers))]
     # blocks: room for every sequence's table at the widest, MAX_ROWS x (40 + 4) / 4
-    layer, block, blocks = model.layers[0], 4, 128
+    block, blocks = 4, 128
     counts = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=cpu_decode_layer.MAX_ROWS))
     counts = sorted(counts, key=lambda n: n > 1)  # single-token queries first, as the runner orders them
     while sum(counts) > cpu_decode_layer.MAX_ROWS:
@@ -146,7 +153,8 @@ def test_any_step_of_a_few_tokens_equals_the_op_by_op_layer(data, dtype, quantiz
     seed = data.draw(st.integers(0, 2**16))
     g = torch.Generator().manual_seed(seed)
     cache_dtype = torch.float8_e4m3fn if kv == "fp8" else dtype
-    k_cache, v_cache = (torch.randn(blocks, block, 2, 32, generator=g).to(cache_dtype) for _ in range(2))
+    kv_caches = [tuple(torch.randn(blocks, block, 2, 32, generator=g).to(cache_dtype) for _ in range(2))
+                 for _ in layers]
     lens = [p + n for p, n in zip(prior, counts)]
     width = max(-(-n // block) for n in lens)
     tables = torch.randperm(blocks, generator=g)[:len(counts) * width].view(len(counts), width).int()
@@ -157,24 +165,23 @@ def test_any_step_of_a_few_tokens_equals_the_op_by_op_layer(data, dtype, quantiz
     qsl = [0, *torch.tensor(counts).cumsum(0).tolist()]
     attn = AttentionMetadata(torch.tensor(qsl, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32),
                              tables, slots, qsl, lens, num_decodes=counts.count(1))
-    T = sum(counts)
-    x = torch.randn(T, SHAPE.hidden_size, generator=g).to(dtype)
-    residual = torch.randn(T, SHAPE.hidden_size, generator=g).to(dtype) if data.draw(st.booleans()) else None
-    fused_cache = (k_cache.clone(), v_cache.clone())
-    cos_sin, a = model.cos_sin_cache, layer.self_attn
-    scales = (data.draw(st.sampled_from([0.5, 1.0, 2.0])), data.draw(st.sampled_from([0.25, 1.0, 4.0])))
-    plain_ops = layer.ops
+    x = torch.randn(sum(counts), SHAPE.hidden_size, generator=g).to(dtype)
+    fused_caches = [tuple(c.clone() for c in kv) for kv in kv_caches]
+    cos_sin = model.cos_sin_cache
     try:
-        if kv == "fp8":  # a checkpoint's scales: the default 1.0 would not show a lost one
-            a.k_scale, a.v_scale = scales
-        fused = cpu_decode_layer.decode_layer(layer, positions, x, residual, fused_cache, attn, cos_sin)
+        if kv == "fp8":  # a checkpoint's scales, each layer its own: 1.0 would not show a lost or swapped one
+            for layer in layers:
+                layer.self_attn.k_scale = data.draw(st.sampled_from([0.5, 1.0, 2.0]))
+                layer.self_attn.v_scale = data.draw(st.sampled_from([0.25, 1.0, 4.0]))
+        fused = cpu_decode_layer.decode_layers(layers, positions, x, fused_caches, attn, cos_sin)
         assert fused is not None, counts
-        layer.ops = kernel_ops(layer.ops)
-        out = layer(positions, x, residual, (k_cache, v_cache), replace(attn, derived={}), cos_sin)
+        out = op_by_op(layers, positions, x, kv_caches, replace(attn, derived={}), cos_sin)
     finally:
-        layer.ops, a.k_scale, a.v_scale = plain_ops, 1.0, 1.0
+        for layer in layers:
+            layer.self_attn.k_scale = layer.self_attn.v_scale = 1.0
     assert torch.equal(fused[0], out[0]) and torch.equal(fused[1], out[1]), counts
-    assert torch.equal(fused_cache[0], k_cache) and torch.equal(fused_cache[1], v_cache), counts
+    for a, b in zip(fused_caches, kv_caches):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), counts
 
 
 @functools.cache

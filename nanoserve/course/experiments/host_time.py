@@ -1,6 +1,7 @@
 """Lesson 11: where a step's wall time goes between the host (Python deciding and preparing the
 step, then sampling and turning its tokens into outputs) and the forward (the model itself), and
-what the engine's ways of cutting host work change: CUDA graphs on a GPU, one call a layer on a CPU.
+what the engine's ways of cutting host work change: CUDA graphs on a GPU, the layers in one call on a
+CPU.
 
 The phases are timed by wrapping the engine's own methods for a few decode steps: the scheduler's
 `schedule` (scheduling), the runner's `prepare` (input preparation), the forward with the lm_head
@@ -48,7 +49,7 @@ class HostSplit:
     # timed step less the median of the ops' own time in a profiled one (0 where noise says less)
     forward_python_ms: float | None = None
     eager: bool = False  # loaded with enforce_eager=True: every kernel called one by one
-    fused: bool = False  # CPU: the profiled steps ran each layer as one op (kernels/cpu_decode_layer.py)
+    fused: bool = False  # CPU: the profiled steps ran the layers as one op (kernels/cpu_decode_layer.py)
 
     @property
     def forward_ops_ms(self) -> float | None:
@@ -84,7 +85,7 @@ class _Timed:
 
 
 FORWARD, STEP = "nanoserve::forward", "nanoserve::step"  # the profiler's ranges
-FUSED_LAYER = "nanoserve_cpu::decode_layer"  # the op of kernels/cpu_decode_layer.py
+FUSED_LAYERS = "nanoserve_cpu::decode_layers"  # the op of kernels/cpu_decode_layer.py
 
 
 def _ranges(event):
@@ -133,7 +134,7 @@ def _forward_ops_ms(engine, runner, steps: int) -> tuple[float, bool]:
         runner.forward, runner.model.compute_logits = forward, logits
     per_step, fused = {}, False  # id of a step's range -> its ops' self microseconds
     for e in prof.events():
-        fused = fused or e.name == FUSED_LAYER
+        fused = fused or e.name == FUSED_LAYERS
         if e.name not in (FORWARD, STEP):
             forward, step = _ranges(e)
             if forward is not None and step is not None:
@@ -211,7 +212,7 @@ def host_table(splits: list[HostSplit], title: str = "") -> Table:
 def eager_on_off(model: str, batches, context: int, steps: int = 8, device: str | None = None,
                  **config) -> list[HostSplit]:
     """The same decode steps as the engine runs them by default (CUDA graphs on CUDA; on a CPU
-    each layer's kernels in one call at a few sequences, kernels/cpu_decode_layer.py) and with
+    every layer's kernels in one call at a few sequences, kernels/cpu_decode_layer.py) and with
     enforce_eager=True (every kernel called one by one from Python), each on its own load of
     `model` (graphs are captured at load time)."""
     out = []
