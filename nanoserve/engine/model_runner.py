@@ -133,7 +133,7 @@ class ModelRunner(Executor):
             self.forward = torch.compile(model, dynamic=True)
         else:
             model.process_weights_after_loading()  # the kernel backend's weight layout
-            if ecfg.enforce_eager:  # every kernel called one by one: no fused decode layer (CPU)
+            if ecfg.enforce_eager:  # every kernel called one by one: no fused decode layers (CPU)
                 use_kernels(model)
             self.forward = model
         self.device, self.dtype = torch.device(device), dtype

@@ -64,7 +64,7 @@ const Ops& ops() {
 at::Tensor linear(const at::Tensor& x, const std::vector<at::Tensor>& w) {
   const bool codes = w.at(0).scalar_type() == at::kChar || w[0].scalar_type() == at::kFloat8_e4m3fn;
   const size_t n = codes ? 2 : 1;
-  TORCH_CHECK(w.size() == n || w.size() == n + 1, "decode_layer: a linear is [weight(, bias)] or "
+  TORCH_CHECK(w.size() == n || w.size() == n + 1, "decode_layers: a linear is [weight(, bias)] or "
               "[codes, scales(, bias)], got ", w.size(), " tensors");
   const OptTensor bias = w.size() > n ? OptTensor(w[n]) : std::nullopt;
   at::Tensor y = at::empty({x.size(0), w[0].size(0)}, x.options());
@@ -82,7 +82,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
     int64_t num_kv_heads, const at::Tensor& positions, const at::Tensor& cos_sin_cache, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& row_tables,
     const at::Tensor& row_lens, double scale, double k_scale, double v_scale) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layer: x must be (T, hidden) contiguous");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layers: x must be (T, hidden) contiguous");
   const int64_t T = x.size(0), hd = k_cache.size(3);
   const int64_t q_size = num_heads * hd, kv_size = num_kv_heads * hd;
   // the input norm: the first layer keeps x as the residual stream, later ones add it in
@@ -114,6 +114,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(
 
 // Every layer in turn, the first with no residual stream yet: `norms` holds each layer's two norms,
 // `linears` each layer's four linears' tensors one after another, `arity[i]` how many the i-th has.
+// eps, the head counts and the attention scale are one for all: a model's layers share one config.
 std::tuple<at::Tensor, at::Tensor> decode_layers(
     const at::Tensor& x, const std::vector<at::Tensor>& norms, double eps, const std::vector<at::Tensor>& linears,
     const std::vector<int64_t>& arity, int64_t num_heads, int64_t num_kv_heads, const at::Tensor& positions,
@@ -131,7 +132,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(
   for (size_t l = 0; l < L; ++l) {
     for (int j = 0; j < 4; ++j) {
       const int64_t n = arity[4 * l + j];
-      TORCH_CHECK(next + n <= linears.size(), "decode_layers: fewer linear tensors than arity says");
+      TORCH_CHECK(n >= 1 && n <= 3 && next + n <= linears.size(), "decode_layers: linear ", 4 * l + j,
+                  " has arity ", n, " (1 to 3 tensors) with ", linears.size() - next, " tensors left");
       w[j].assign(linears.begin() + next, linears.begin() + next + n);
       next += n;
     }

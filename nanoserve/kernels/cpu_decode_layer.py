@@ -32,7 +32,7 @@ MAX_ROWS = min(GEMV_ROWS, MULTI_QUERY_ROWS)  # tokens a step: each linear a GEMV
 
 # layers -> {(activation dtype, rows): their norms, linears' tensors and how many each linear
 # has, as the op takes them, and their attention modules (whose KV scales are read each call);
-# or None}
+# or None}. Kept for the model's life: its weights are fixed once packed (weights_frozen).
 _stacks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

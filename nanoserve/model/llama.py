@@ -117,6 +117,14 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
+def run_layers(layers, positions, x, kv_caches, attn, cos_sin):
+    """The decoder layers in turn, each op called from Python. -> (output, residual stream)."""
+    residual = None
+    for layer, kv_cache in zip(layers, kv_caches):
+        x, residual = layer(positions, x, residual, kv_cache, attn, cos_sin)
+    return x, residual
+
+
 class LlamaForCausalLM(nn.Module):
     """Llama/Qwen2/Qwen3 causal LM. forward() -> hidden states; compute_logits() -> logits.
 
@@ -166,12 +174,9 @@ class LlamaForCausalLM(nn.Module):
         # (the CPU's: there the Python between small ops costs as much as they do)
         fused = getattr(self.ops, "decode_layers", None)
         out = None if fused is None else fused(self.layers, positions, x, kv_caches, attn, self.cos_sin_cache)
-        if out is not None:
-            x, residual = out
-        else:
-            residual = None
-            for layer, kv_cache in zip(self.layers, kv_caches):
-                x, residual = layer(positions, x, residual, kv_cache, attn, self.cos_sin_cache)
+        if out is None:
+            out = run_layers(self.layers, positions, x, kv_caches, attn, self.cos_sin_cache)
+        x, residual = out
         x, _ = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
         return x
 

@@ -28,11 +28,11 @@ def test_host_split_phases_add_up_to_the_step(llm):
     assert "compute_logits" not in vars(runner.model)
 
 
-def test_eager_on_off_on_a_cpu_runs_the_fused_layer_then_every_kernel_alone():
+def test_eager_on_off_on_a_cpu_runs_the_fused_layers_then_every_kernel_alone():
     default_1, default_16, eager_1, eager_16 = host_time.eager_on_off("preset:tiny", [1, 16], 16,
                                                                       steps=2, device="cpu")
-    assert default_1.fused and not default_1.eager  # one call a layer at batch 1
-    assert not default_16.fused  # more rows than the fused layer takes: op by op
+    assert default_1.fused and not default_1.eager  # the layers in one call at batch 1
+    assert not default_16.fused  # more rows than the fused layers take: op by op
     assert eager_1.eager and eager_16.eager and not (eager_1.fused or eager_16.fused)
     assert all(s.forward_python_ms is not None and not s.graphs for s in (default_1, eager_1))
 

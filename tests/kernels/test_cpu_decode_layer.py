@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from nanoserve import LLM, EngineConfig, ModelConfig, SamplingParams
 from nanoserve.kernels import AttentionMetadata, cpu_decode_layer, use_kernels
+from nanoserve.model.llama import run_layers
 
 SHAPE = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -26,13 +27,15 @@ def need_cpu_ops(cpu_ops):
         pytest.skip("the C++ CPU ops did not build here")
 
 
-def op_by_op(layers, positions, x, kv_caches, attn, cos_sin):
-    """The layers' forward one op at a time (DecoderLayer.forward), as the model runs them without
-    decode_layers."""
-    residual = None
-    for layer, kv_cache in zip(layers, kv_caches):
-        x, residual = layer(positions, x, residual, kv_cache, attn, cos_sin)
-    return x, residual
+def distinct_weights(llm):
+    """Every layer's norms (and biases) made its own: a random model's are ones (and zeros), which
+    a norm of the wrong layer, or a dropped bias, would not show."""
+    g = torch.Generator().manual_seed(0)
+    for layer in llm.engine.executor.model.layers:
+        bias = layer.self_attn.qkv_proj.bias
+        draws = [(layer.input_layernorm, 1.0, 0.2), (layer.post_attention_layernorm, 1.0, 0.2)]
+        for p, mean, std in draws + ([(bias, 0.0, 0.5)] if bias is not None else []):
+            p.data.copy_(torch.randn(p.shape, generator=g) * std + mean)
 
 
 def checked_engine(llm, seen: list):
@@ -45,7 +48,7 @@ def checked_engine(llm, seen: list):
     def check(layers, positions, x, kv_caches, attn, cos_sin):
         copies = [tuple(c.clone() for c in kv) for kv in kv_caches]
         fused = fused_fn(layers, positions, x, copies, attn, cos_sin)
-        out = op_by_op(layers, positions, x, kv_caches, attn, cos_sin)
+        out = run_layers(layers, positions, x, kv_caches, attn, cos_sin)
         same = fused is None or (torch.equal(fused[0], out[0]) and torch.equal(fused[1], out[1]) and all(
             torch.equal(a, b) for copy, kv in zip(copies, kv_caches) for a, b in zip(copy, kv)))
         seen.append((x.shape[0], fused is not None, same))
@@ -61,10 +64,7 @@ def checked_engine(llm, seen: list):
 def test_the_layers_in_one_call_equal_the_op_by_op_path(dtype, quantization, bias, kv):
     llm = LLM(replace(SHAPE, attention_bias=bias), device="cpu", dtype=dtype,
               config=EngineConfig(quantization=quantization, max_num_seqs=16, kv_cache_dtype=kv))
-    if bias:  # a random model's biases are zeros, which a dropped bias would not show
-        torch.manual_seed(0)
-        for layer in llm.engine.executor.model.layers:
-            layer.self_attn.qkv_proj.bias.data.normal_(0, 0.5)
+    distinct_weights(llm)
     seen = []
     ops, fused_fn = checked_engine(llm, seen)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -133,14 +133,15 @@ def test_a_layer_the_op_cannot_take_runs_op_by_op():
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-       quantization=st.sampled_from([None, "int8", "fp8"]), kv=st.sampled_from(["auto", "fp8"]))
-def test_any_step_of_a_few_tokens_equals_the_op_by_op_layers(data, dtype, quantization, kv):
+       quantization=st.sampled_from([None, "int8", "fp8"]), kv=st.sampled_from(["auto", "fp8"]),
+       bias=st.booleans())
+def test_any_step_of_a_few_tokens_equals_the_op_by_op_layers(data, dtype, quantization, kv, bias):
     """A step of up to MAX_ROWS tokens split any way into sequences (decodes first, then queries
     of several tokens: verifies, short chunks after a prefix of any length), on random block
     tables and KV caches of random contents, through one layer or both of a model's (the second
     takes the first's residual stream): the fused layers' output, residual and cache writes equal
     the op-by-op layers' bit for bit."""
-    llm = _llm(dtype, quantization, kv)
+    llm = _llm(dtype, quantization, kv, bias)
     model = llm.engine.executor.model
     layers = model.layers[:data.draw(st.integers(1, SHAPE.num_hidden_layers))]
     # blocks: room for every sequence's table at the widest, MAX_ROWS x (40 + 4) / 4
@@ -175,7 +176,7 @@ def test_any_step_of_a_few_tokens_equals_the_op_by_op_layers(data, dtype, quanti
                 layer.self_attn.v_scale = data.draw(st.sampled_from([0.25, 1.0, 4.0]))
         fused = cpu_decode_layer.decode_layers(layers, positions, x, fused_caches, attn, cos_sin)
         assert fused is not None, counts
-        out = op_by_op(layers, positions, x, kv_caches, replace(attn, derived={}), cos_sin)
+        out = run_layers(layers, positions, x, kv_caches, attn, cos_sin)
     finally:
         for layer in layers:
             layer.self_attn.k_scale = layer.self_attn.v_scale = 1.0
@@ -185,6 +186,8 @@ def test_any_step_of_a_few_tokens_equals_the_op_by_op_layers(data, dtype, quanti
 
 
 @functools.cache
-def _llm(dtype, quantization, kv):
-    return LLM(SHAPE, device="cpu", dtype=str(dtype).removeprefix("torch."),
-               config=EngineConfig(quantization=quantization, kv_cache_dtype=kv))
+def _llm(dtype, quantization, kv, bias):
+    llm = LLM(replace(SHAPE, attention_bias=bias), device="cpu", dtype=str(dtype).removeprefix("torch."),
+              config=EngineConfig(quantization=quantization, kv_cache_dtype=kv))
+    distinct_weights(llm)
+    return llm

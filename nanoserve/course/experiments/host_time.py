@@ -117,7 +117,7 @@ def _no_stderr():
 
 def _forward_ops_ms(engine, runner, steps: int) -> tuple[float, bool]:
     """(median ms per decode step of the ops' own (self) time inside the forward and lm_head,
-    whether the layers ran as one op each), from torch.profiler over `steps` more decode steps."""
+    whether the layers ran as one op), from torch.profiler over `steps` more decode steps."""
     def ranged(fn):
         def call(*args, **kwargs):
             with record_function(FORWARD):

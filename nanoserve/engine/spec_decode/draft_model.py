@@ -40,7 +40,7 @@ class DraftModelProposer(Proposer):
         if getattr(target, "device", None) is None:
             raise InvalidRequest("speculative_config", "method 'draft_model' needs a real target model "
                                                        f"(a ModelRunner), not {type(target).__name__}")
-        # on a CPU the draft's layers run in one call each as the target's do (enforce_eager is
+        # on a CPU the draft's layers run in one call as the target's do (enforce_eager is
         # what turns that off, and does for both); on CUDA the draft stays eager, as it was built
         cuda = str(target.device).startswith("cuda")
         draft_config = dataclasses.replace(
