@@ -84,7 +84,7 @@ GROUPS = {  # child process -> (its time limit on a GPU, {its sections in order:
     "nanoserve": (150, {"nanoserve_decode": 15, "nanoserve_prefill": 8, "nanoserve_prefill_sdpa": 8,
                         "nanoserve_offline": 25, "nanoserve_eager_decode": 15}),
     "attention": (30, {"prefill_attention": 10}),
-    "quant_linear": (100, {"quant_linear": 30}),
+    "quant_linear": (120, {"quant_linear": 30}),
     "big": (60, {"nanoserve_decode_8b": 40}),
     "big_int8": (60, {"nanoserve_decode_8b_int8": 40}),
     "big_fp8": (100, {"nanoserve_decode_8b_fp8": 40, "nanoserve_decode_8b_fp8_w8a8": 40}),

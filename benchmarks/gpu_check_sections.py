@@ -190,7 +190,8 @@ QUANT_SHAPES = {"gpu": [(28672, 4096), (4096, 14336)],  # Llama-3-8B's widest an
                 "dry": [(48, 64), (40, 96)]}
 QUANT_ROWS = {"gpu": [1, 2, 4, 8, 16, 64, 128, 256, 512, 4096], "dry": [1, 4, 8, 70]}
 # (block_n, block_k, split_k (None: the default's), num_warps) for the GEMV at one row
-GEMV_CONFIGS = [(8, 512, 1, 4), (32, 256, 1, 4), (16, 512, None, 4), (16, 512, 4, 4), (32, 512, None, 8)]
+GEMV_CONFIGS = [(8, 512, 1, 4), (32, 256, 1, 4), (16, 512, None, 4), (16, 512, 4, 4), (32, 512, None, 8),
+                (8, 256, 1, 2), (16, 256, 1, 4), (64, 128, 1, 8)]
 
 
 def sec_quant_linear(ctx) -> None:
