@@ -101,20 +101,23 @@ def _dequantize_kernel(q_ptr, s_ptr, w_ptr, N, K, groups, group_size,
 
 
 @triton.jit
-def _w8a16_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, groups, group_size,
-                  stride_xm, stride_qn, stride_ym,
+def _w8a16_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, k_per_split, groups, group_size,
+                  stride_xm, stride_qn, stride_yk, stride_ym,
                   HAS_BIAS: tl.constexpr, NATIVE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # program (m, n, split): a BLOCK_M x BLOCK_N tile of y over K from split * k_per_split
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_ok, n_ok = rm < M, rn < N
+    k_lo = tl.program_id(2) * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + rk
         x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + k[None, :],
-                    mask=m_ok[:, None] & (k[None, :] < K), other=0.0)
-        q_ok = n_ok[None, :] & (k[:, None] < K)
+                    mask=m_ok[:, None] & (k[None, :] < k_hi), other=0.0)
+        q_ok = n_ok[None, :] & (k[:, None] < k_hi)
         # (BLOCK_K, BLOCK_N): the weight's transpose; masked codes zeroed after the widening (an
         # fp8 load has no zero `other`, and a stray code could be NaN)
         q = tl.load(q_ptr + rn[None, :].to(tl.int64) * stride_qn + k[:, None], mask=q_ok)
@@ -127,7 +130,7 @@ def _w8a16_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, groups, group_size
         acc += part * s[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :],
+    tl.store(y_ptr + tl.program_id(2) * stride_yk + rm[:, None].to(tl.int64) * stride_ym + rn[None, :],
              acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -142,32 +145,43 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _split_k(x2: torch.Tensor, k: int, tiles: int, block_k: int, split_k: int | None) -> tuple[int, int]:
+    """(splits, K per split, a multiple of block_k) for `tiles` programs along the outputs. None:
+    enough splits that the card has about four programs per streaming multiprocessor, each split
+    at least 4 * block_k long."""
+    if split_k is None:
+        sms = _multiprocessors(x2.device) if x2.is_cuda else 1
+        split_k = max(1, min(4 * sms // tiles, k // (4 * block_k)))
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    return triton.cdiv(k, k_per_split), k_per_split
+
+
+def _sum_splits(partial: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """The fp32 partial sums (splits, M, N) added in a fixed order, then the bias, in `dtype`."""
+    y = partial[0] if partial.shape[0] == 1 else partial.sum(0)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(dtype)
+
+
 def gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
          block_n: int = 16, block_k: int = 512, split_k: int | None = None,
          num_warps: int = 4) -> torch.Tensor:
     """x2 (M <= 16, K) -> (M, N) in x2's dtype by _w8a16_gemv_kernel; the tile and the split are
-    parameters so a benchmark can time the choices. split_k None: enough splits that the card
-    has about four programs per streaming multiprocessor."""
+    parameters so a benchmark can time the choices (split_k None: _split_k's default)."""
     m, k = x2.shape
     n, groups = qweight.shape[0], weight_scale.shape[1]
     group_size = k // groups
     if groups > 1:  # a K-step lies in one group
         block_k = min(block_k, group_size & -group_size)
-    if split_k is None:
-        sms = _multiprocessors(x2.device) if x2.is_cuda else 1
-        split_k = max(1, min(4 * sms // triton.cdiv(n, block_n), k // (4 * block_k)))
-    k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
-    split_k = triton.cdiv(k, k_per_split)
+    split_k, k_per_split = _split_k(x2, k, triton.cdiv(n, block_n), block_k, split_k)
     partial = torch.empty(split_k, m, n, dtype=torch.float32, device=x2.device)
     _w8a16_gemv_kernel[(triton.cdiv(n, block_n), split_k)](
         x2, qweight, weight_scale, partial, m, n, k, k_per_split, groups, group_size,
         x2.stride(0), qweight.stride(0), partial.stride(0), partial.stride(1),
         BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=groups == 1,
         num_warps=num_warps)
-    y = partial[0] if split_k == 1 else partial.sum(0)
-    if bias is not None:
-        y = y + bias.float()
-    return y.to(x2.dtype)
+    return _sum_splits(partial, bias, x2.dtype)
 
 
 def dequantize(qweight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -203,24 +217,37 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch
 
 
 def tiled(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-          block_k: int = 64) -> torch.Tensor:
-    """x2 (M, K) -> (M, N) in x2's dtype by _w8a16_kernel's tl.dot tiles; block_k divides the group."""
+          block_k: int = 64, block_n: int | None = None, split_k: int | None = 1, num_warps: int = 4,
+          num_stages: int = 3) -> torch.Tensor:
+    """x2 (M, K) -> (M, N) in x2's dtype by _w8a16_kernel's tl.dot tiles; block_k divides the group.
+    The tile, the split of K (None: _split_k's default) and the launch are parameters so a
+    benchmark can time the choices; a split writes fp32 partials that torch sums, as the GEMV's."""
     m, k = x2.shape
     out_features, groups = qweight.shape[0], weight_scale.shape[1]
-    y = torch.empty(m, out_features, dtype=x2.dtype, device=x2.device)
+    if groups > 1:  # a K-step lies in one group
+        block_k = min(block_k, (k // groups) & -(k // groups))
     block_m = min(64, max(16, triton.next_power_of_2(m)))
-    block_n = 32 if m <= 16 else 64  # small batches: more, narrower tiles to fill the device
+    if block_n is None:
+        block_n = 32 if m <= 16 else 64  # small batches: more, narrower tiles to fill the device
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(out_features, block_n)
+    split_k, k_per_split = _split_k(x2, k, tiles, block_k, split_k)
+    if split_k == 1:
+        y = torch.empty(1, m, out_features, dtype=x2.dtype, device=x2.device)
+    else:
+        y = torch.empty(split_k, m, out_features, dtype=torch.float32, device=x2.device)
     # fp32 activations get full fp32 products, as the reference's (not tf32); under the
     # interpreter bf16 is computed in fp32, as its bf16 arithmetic is wrong
     native = x2.dtype == torch.float16 or (x2.dtype == torch.bfloat16 and not INTERPRETED)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(out_features, block_n))
-    _w8a16_kernel[grid](x2, qweight, weight_scale, bias if bias is not None else y, y,
-                        m, out_features, k, groups, k // groups,
-                        x2.stride(0), qweight.stride(0), y.stride(0),
-                        HAS_BIAS=bias is not None, NATIVE=native,
+    in_kernel_bias = bias is not None and split_k == 1
+    grid = (triton.cdiv(m, block_m), triton.cdiv(out_features, block_n), split_k)
+    _w8a16_kernel[grid](x2, qweight, weight_scale, bias if in_kernel_bias else y, y,
+                        m, out_features, k, k_per_split, groups, k // groups,
+                        x2.stride(0), qweight.stride(0), y.stride(0), y.stride(1),
+                        HAS_BIAS=in_kernel_bias, NATIVE=native,
                         DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
-                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
-    return y
+                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                        num_warps=num_warps, num_stages=num_stages)
+    return y[0] if split_k == 1 else _sum_splits(y, bias, x2.dtype)
 
 
 class QuantizedTritonLinear(nn.Module):
