@@ -215,7 +215,7 @@ def w8a8_rounding(ctx, cases: int) -> None:
     one = torch.ones((), device=ctx.dev)
     for case in range(cases):
         g = torch.Generator().manual_seed(case)
-        m, k, n = (3, 64, 16) if case == 0 else tuple(int(v) for v in torch.randint(1, 41, (3,), generator=g) * 16)
+        m, k, n = (3, 64, 16) if case == 0 else (int(v) * 16 for v in torch.randint(1, 41, (3,), generator=g))
         x = torch.randn(m, k, generator=g) * 2.0 ** torch.randint(-20, 21, (m, 1), generator=g).float()
         x = x.to(torch.bfloat16)
         q, s = quantize_weight(torch.randn(n, k, generator=g), "fp8")

@@ -13,8 +13,9 @@ quantization is five plain torch ops over x, unfused, which cost what the fp8 te
 Against the W8A16 reference (kernels/quantization.py) the one new error is x's rounding to e4m3:
 at most 2^-4 of each |x_i| (3 mantissa bits), and below e4m3's smallest normal at most 2^-10 of
 the row's scale, so |y - ref| <= sum_i |w_i| (2^-4 |x_i| + 2^-10 s) plus the accumulation's and
-the output's rounding. Hopper's fp8 tensor cores accumulate in fewer bits than fp32 (about 14,
-DeepSeek-V3 technical report, arXiv 2412.19437, section 3.3.2), which tests/kernels allows for.
+the output's rounding. Hopper's fp8 tensor cores accumulate in fewer bits than fp32 (DeepSeek-V3
+technical report, arXiv 2412.19437, section 3.3.2, puts it at about 14); benchmarks/gpu_check.py
+measures the card's sums against exact arithmetic, and tests/kernels allows for them.
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) -> (e4m3 codes (M, K), fp32 scales (M, 1)) with x ~= codes * scales. A row of zeros
     gets a tiny scale and zero codes; a row holding inf or NaN comes out NaN."""
     amax = x.abs().amax(dim=-1, keepdim=True).float()
-    scale = (amax / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    # divided by a tensor on x's device: CUDA divides by a Python number as a product with its
+    # reciprocal, an ulp off the CPU's quotient now and then, and so the codes too
+    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp(min=torch.finfo(torch.float32).tiny)
     codes = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return codes, scale
 

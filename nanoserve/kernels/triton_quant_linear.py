@@ -12,7 +12,8 @@ the number of rows of x, because decode and prefill are different workloads:
 - A middling batch: `_w8a16_kernel`, one BLOCK_M x BLOCK_N tile of y per program: it walks K
   BLOCK_K values at a time, multiplies x's tile by the codes' tile (tl.dot, fp32 accumulation; the
   codes widened to x's dtype, exactly: an int8 or e4m3 value fits bf16's and fp16's 8 and 11
-  significant bits) and adds the product times each output row's scale of that group.
+  significant bits) and adds the product times each output row's scale of that group. K is split
+  over programs as the GEMV's is, which a narrow layer (few output tiles, long K) needs.
 - Many rows (prefill, from DEQUANT_ROWS): the matmul is compute-bound and cuBLAS's bf16 tiles are
   the fast ones, so `_dequantize_kernel` writes the weight in x's dtype (one read of a byte, one
   write of two) and F.linear runs it.
@@ -20,7 +21,7 @@ the number of rows of x, because decode and prefill are different workloads:
 BLOCK_K divides the group size, so a K-step lies in one group; per-channel scales are one group
 of all K. `pack_quantized(model)` puts a CUDA model's quantized linears on it (kernels.process_
 weights_after_loading on the Triton backend). Activations other than fp32, fp16 and bf16, and
-groups of fewer than 16 values, take the reference. Per-channel fp8 codes with bf16 activations on
+groups not a multiple of 16 values, take the reference. Per-channel fp8 codes with bf16 activations on
 a card with fp8 tensor cores take fp8_w8a8.py's W8A8 product past GEMV_ROWS rows, where
 NANOSERVE_FP8_W8A8 asks for it. Left out: autotuning (benchmarks/gpu_check.py's quant_linear
 section times the choices on a GPU).
@@ -43,10 +44,9 @@ from nanoserve.kernels.quantization import quantized_linear as reference_linear
 
 ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRETED = env.get("TRITON_INTERPRET") == "1"  # read once: triton reads it at import
-# where each path wins, provisionally: gpu_check's quant_linear section (benchmarks/results/gpu-*)
-# has timed them only with each call's launch cost included. There the GEMV won at 1-2 rows on the
-# widest layer and slowed past them (its FMAs grow with the rows), and cuBLAS on a dequantized copy
-# beat the tl.dot tiles somewhere between 128 and 512 rows
+# where each path wins on Llama-3-8B's gate_up and down, by gpu_check's quant_linear section
+# (benchmarks/results/gpu-*): the GEMV at 1-2 rows (its FMAs grow with the rows, so the tiles win
+# from 4), cuBLAS on a dequantized copy from 256 (the tiles at 128); 3 and 129-255 rows untimed
 GEMV_ROWS = 2
 DEQUANT_ROWS = 256
 
@@ -134,24 +134,20 @@ def _w8a16_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, k_per_split, group
              acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _block_k(group_size: int) -> int | None:
-    """The largest of 64, 32, 16 (tl.dot's smallest K) dividing a group; None if none does."""
-    return next((b for b in (64, 32, 16) if group_size % b == 0), None)
-
-
 @functools.lru_cache(maxsize=None)
 def _multiprocessors(device: torch.device) -> int:
     """The card's streaming multiprocessors, asked once: gemv runs for every decode linear."""
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _split_k(x2: torch.Tensor, k: int, tiles: int, block_k: int, split_k: int | None) -> tuple[int, int]:
+def _split_k(x2: torch.Tensor, k: int, tiles: int, block_k: int, split_k: int | None,
+             per_sm: int) -> tuple[int, int]:
     """(splits, K per split, a multiple of block_k) for `tiles` programs along the outputs. None:
-    enough splits that the card has about four programs per streaming multiprocessor, each split
-    at least 4 * block_k long."""
+    enough splits that the card has about `per_sm` programs per streaming multiprocessor, each
+    split at least 4 * block_k long."""
     if split_k is None:
         sms = _multiprocessors(x2.device) if x2.is_cuda else 1
-        split_k = max(1, min(4 * sms // tiles, k // (4 * block_k)))
+        split_k = max(1, min(per_sm * sms // max(tiles, 1), k // (4 * block_k)))  # no rows: no tiles
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     return triton.cdiv(k, k_per_split), k_per_split
 
@@ -174,7 +170,7 @@ def gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bi
     group_size = k // groups
     if groups > 1:  # a K-step lies in one group
         block_k = min(block_k, group_size & -group_size)
-    split_k, k_per_split = _split_k(x2, k, triton.cdiv(n, block_n), block_k, split_k)
+    split_k, k_per_split = _split_k(x2, k, triton.cdiv(n, block_n), block_k, split_k, per_sm=8)
     partial = torch.empty(split_k, m, n, dtype=torch.float32, device=x2.device)
     _w8a16_gemv_kernel[(triton.cdiv(n, block_n), split_k)](
         x2, qweight, weight_scale, partial, m, n, k, k_per_split, groups, group_size,
@@ -202,8 +198,7 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch
     out_features, k = qweight.shape
     groups = weight_scale.shape[1]
     group_size = k // groups
-    block_k = _block_k(group_size) if groups > 1 else 64
-    if x.dtype not in ACTIVATION_DTYPES or block_k is None:
+    if x.dtype not in ACTIVATION_DTYPES or (groups > 1 and group_size % 16):  # tl.dot's least K: 16
         return reference_linear(x, qweight, weight_scale, bias)
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
@@ -212,13 +207,13 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch
     elif m >= DEQUANT_ROWS:
         y = F.linear(x2, dequantize(qweight, weight_scale, x.dtype), bias)
     else:
-        y = tiled(x2, qweight, weight_scale, bias, block_k)
+        y = tiled(x2, qweight, weight_scale, bias)
     return y.view(*x.shape[:-1], out_features)
 
 
 def tiled(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
-          block_k: int = 64, block_n: int | None = None, split_k: int | None = 1, num_warps: int = 4,
-          num_stages: int = 3) -> torch.Tensor:
+          block_k: int = 128, block_n: int | None = None, split_k: int | None = None, num_warps: int = 4,
+          num_stages: int = 4) -> torch.Tensor:
     """x2 (M, K) -> (M, N) in x2's dtype by _w8a16_kernel's tl.dot tiles; block_k divides the group.
     The tile, the split of K (None: _split_k's default) and the launch are parameters so a
     benchmark can time the choices; a split writes fp32 partials that torch sums, as the GEMV's."""
@@ -230,7 +225,7 @@ def tiled(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, b
     if block_n is None:
         block_n = 32 if m <= 16 else 64  # small batches: more, narrower tiles to fill the device
     tiles = triton.cdiv(m, block_m) * triton.cdiv(out_features, block_n)
-    split_k, k_per_split = _split_k(x2, k, tiles, block_k, split_k)
+    split_k, k_per_split = _split_k(x2, k, tiles, block_k, split_k, per_sm=4)
     if split_k == 1:
         y = torch.empty(1, m, out_features, dtype=x2.dtype, device=x2.device)
     else:

@@ -3,9 +3,10 @@
 Two checks per output. Against x rounded to e4m3 per token as specified (each row over its
 largest |x| / 448, to nearest): only the sums' and the output's rounding, K 2^-24 S for K products
 summed in fp32 (S = |x| @ |W|^T; the worst case, as the output's 2^-8 |y| is met with no slack at
-the bottom of a binade) and 2^-8 |y|. On a GPU the fp8 tensor cores accumulate in about 14 bits
-(fp8_w8a8.py's docstring), so K 2^-14 S there: a GPU run exceeded 2^-13 S
-(benchmarks/results/gpu-*).
+the bottom of a binade) and 2^-8 |y|. On a GPU the fp8 tensor cores accumulate in fewer bits
+(fp8_w8a8.py's docstring), so K 2^-16 S there: an H200's sums came within 60 K 2^-24 S of exact
+in gpu_check's 40 cases (benchmarks/results/gpu-*). The per-token scales must be the true
+quotient on every device, or the codes differ from the reference's.
 Against x itself, the stated error: sum_i |w_i| (2^-4 |x_i| + 2^-10 s), s the row's scale.
 torch._scaled_mm runs on a CPU too, so the arithmetic is checked here; on a CUDA card with fp8
 tensor cores the same tests check the card's."""
@@ -57,7 +58,7 @@ def test_w8a8_is_within_its_stated_error(w8a8_device, m, k16, n16, seed, with_bi
     assert got.dtype == torch.bfloat16 and got.shape == (m, n)
     xa, wa = x.double().abs(), w.abs()
     S = xa @ wa.T
-    accumulation = k * (2 ** -24 if w8a8_device == "cpu" else 2 ** -14) * S
+    accumulation = k * (2 ** -24 if w8a8_device == "cpu" else 2 ** -16) * S
     product = x_as_e4m3(x) @ w.T
     exact = product + b
     err = (got.double() - exact).abs()
@@ -68,6 +69,13 @@ def test_w8a8_is_within_its_stated_error(w8a8_device, m, k16, n16, seed, with_bi
     s = xa.amax(-1, keepdim=True) / fp8_w8a8.FP8_MAX
     stated = 2 ** -4 * S + 2 ** -10 * s * wa.sum(-1) + bound
     assert ((got.double() - (x.double() @ w.T + b)).abs() <= stated).all()
+
+
+def test_the_scales_are_the_true_quotient(w8a8_device):
+    x = rows_of_any_magnitude(256, 64, seed=1)
+    _, scale = fp8_w8a8.quantize_per_token(x.to(w8a8_device))
+    want = (x.double().abs().amax(-1, keepdim=True) / fp8_w8a8.FP8_MAX).float()  # rounded once
+    assert torch.equal(scale.cpu(), want)
 
 
 def test_each_row_keeps_its_largest_value_and_its_own_scale(w8a8_device):
