@@ -192,10 +192,10 @@ QUANT_ROWS = {"gpu": [1, 2, 4, 8, 16, 64, 128, 256, 512, 4096], "dry": [1, 4, 8,
 # (block_n, block_k, split_k (None: the default's), num_warps) for the GEMV at one row
 GEMV_CONFIGS = [(8, 512, 1, 4), (16, 512, None, 4), (16, 512, 4, 4), (32, 512, None, 8), (16, 512, 8, 4),
                 (16, 512, 16, 4), (8, 512, 8, 4), (32, 512, 8, 8), (16, 1024, 8, 4)]
-# (block_n, block_k, split_k, num_warps, num_stages) for the tl.dot tiles at TILED_ROWS
-TILED_CONFIGS = [(32, 64, 1, 4, 3), (32, 64, None, 4, 3), (32, 128, None, 4, 4), (64, 128, None, 4, 4),
-                 (32, 256, None, 4, 3), (64, 256, None, 8, 3), (16, 256, None, 4, 4), (128, 64, None, 8, 3),
-                 (64, 64, None, 4, 5)]
+# (block_n, block_k, split_k, num_warps, num_stages, swap_ab) for the tl.dot tiles at TILED_ROWS
+TILED_CONFIGS = [(32, 128, None, 4, 4, False), (64, 128, None, 4, 4, False), (32, 256, None, 4, 3, False),
+                 (64, 128, None, 4, 4, True), (64, 256, None, 4, 3, True), (128, 128, None, 4, 3, True),
+                 (128, 64, None, 8, 3, True), (64, 128, None, 4, 3, True), (32, 128, None, 4, 4, True)]
 TILED_ROWS = {"gpu": [4, 8, 16, 64, 128], "dry": [4]}
 
 
@@ -296,10 +296,11 @@ def sec_quant_linear(ctx) -> None:
                         "GB/s (codes and scales read / time, one row)")
             for m in TILED_ROWS[key]:
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-                for bn, bk, split, warps, stages in TILED_CONFIGS if dev == "cuda" else TILED_CONFIGS[:2]:
-                    t = us(lambda: tq.tiled(x, q, s, None, bk, bn, split, warps, stages))
-                    ctx.fig(f"{n}x{k}_{method}_M{m}_tiled_n{bn}_k{bk}_s{split}_w{warps}_p{stages}_us", t,
-                            "us per call")
+                configs = TILED_CONFIGS if dev == "cuda" else TILED_CONFIGS[2:4]
+                for bn, bk, split, warps, stages, swap in configs:
+                    t = us(lambda: tq.tiled(x, q, s, None, bk, bn, split, warps, stages, swap))
+                    ctx.fig(f"{n}x{k}_{method}_M{m}_tiled_n{bn}_k{bk}_s{split}_w{warps}_p{stages}"
+                            f"{'_swap' if swap else ''}_us", t, "us per call")
             for m in QUANT_ROWS[key]:
                 if ctx.left() < 5:
                     return ctx.info(stopped_at=f"{n}x{k} {method} {m} rows: time budget")

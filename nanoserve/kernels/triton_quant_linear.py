@@ -104,30 +104,41 @@ def _dequantize_kernel(q_ptr, s_ptr, w_ptr, N, K, groups, group_size,
 def _w8a16_kernel(x_ptr, q_ptr, s_ptr, b_ptr, y_ptr, M, N, K, k_per_split, groups, group_size,
                   stride_xm, stride_qn, stride_yk, stride_ym,
                   HAS_BIAS: tl.constexpr, NATIVE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  SWAP_AB: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # program (m, n, split): a BLOCK_M x BLOCK_N tile of y over K from split * k_per_split
+    # program (m, n, split): a BLOCK_M x BLOCK_N tile of y over K from split * k_per_split. SWAP_AB
+    # computes its transpose, codes (BLOCK_N, BLOCK_K) times x's tile transposed: the codes, not
+    # x's few rows, then fill the tensor cores' long side
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_ok, n_ok = rm < M, rn < N
     k_lo = tl.program_id(2) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + rk
         x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + k[None, :],
                     mask=m_ok[:, None] & (k[None, :] < k_hi), other=0.0)
-        q_ok = n_ok[None, :] & (k[:, None] < k_hi)
-        # (BLOCK_K, BLOCK_N): the weight's transpose; masked codes zeroed after the widening (an
-        # fp8 load has no zero `other`, and a stray code could be NaN)
-        q = tl.load(q_ptr + rn[None, :].to(tl.int64) * stride_qn + k[:, None], mask=q_ok)
         s = tl.load(s_ptr + rn * groups + k0 // group_size, mask=n_ok, other=0.0)
+        # masked codes zeroed after the widening (an fp8 load has no zero `other`, and a stray code
+        # could be NaN)
+        if SWAP_AB:
+            q_ok = n_ok[:, None] & (k[None, :] < k_hi)
+            q = tl.load(q_ptr + rn[:, None].to(tl.int64) * stride_qn + k[None, :], mask=q_ok)
+        else:  # (BLOCK_K, BLOCK_N): the weight's transpose
+            q_ok = n_ok[None, :] & (k[:, None] < k_hi)
+            q = tl.load(q_ptr + rn[None, :].to(tl.int64) * stride_qn + k[:, None], mask=q_ok)
         if NATIVE:  # a 16-bit tile as it is, fp32 accumulation
-            part = tl.dot(x, tl.where(q_ok, q.to(x.dtype), 0.0).to(x.dtype))
+            q = tl.where(q_ok, q.to(x.dtype), 0.0).to(x.dtype)
         else:
-            part = tl.dot(x.to(tl.float32), tl.where(q_ok, q.to(tl.float32), 0.0),
-                          input_precision=DOT_PRECISION)
-        acc += part * s[None, :]
+            x, q = x.to(tl.float32), tl.where(q_ok, q.to(tl.float32), 0.0)
+        if SWAP_AB:
+            acc += tl.dot(q, tl.trans(x), input_precision=DOT_PRECISION) * s[:, None]
+        else:
+            acc += tl.dot(x, q, input_precision=DOT_PRECISION) * s[None, :]
+    if SWAP_AB:
+        acc = tl.trans(acc)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + tl.program_id(2) * stride_yk + rm[:, None].to(tl.int64) * stride_ym + rn[None, :],
@@ -213,7 +224,7 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch
 
 def tiled(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
           block_k: int = 128, block_n: int | None = None, split_k: int | None = None, num_warps: int = 4,
-          num_stages: int = 4) -> torch.Tensor:
+          num_stages: int = 4, swap_ab: bool | None = None) -> torch.Tensor:
     """x2 (M, K) -> (M, N) in x2's dtype by _w8a16_kernel's tl.dot tiles; block_k divides the group.
     The tile, the split of K (None: _split_k's default) and the launch are parameters so a
     benchmark can time the choices; a split writes fp32 partials that torch sums, as the GEMV's."""
@@ -222,8 +233,10 @@ def tiled(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, b
     if groups > 1:  # a K-step lies in one group
         block_k = min(block_k, (k // groups) & -(k // groups))
     block_m = min(64, max(16, triton.next_power_of_2(m)))
+    if swap_ab is None:
+        swap_ab = m <= 16
     if block_n is None:
-        block_n = 32 if m <= 16 else 64  # small batches: more, narrower tiles to fill the device
+        block_n = 64
     tiles = triton.cdiv(m, block_m) * triton.cdiv(out_features, block_n)
     split_k, k_per_split = _split_k(x2, k, tiles, block_k, split_k, per_sm=4)
     if split_k == 1:
@@ -239,7 +252,7 @@ def tiled(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, b
                         m, out_features, k, k_per_split, groups, k // groups,
                         x2.stride(0), qweight.stride(0), y.stride(0), y.stride(1),
                         HAS_BIAS=in_kernel_bias, NATIVE=native,
-                        DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
+                        DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32", SWAP_AB=swap_ab,
                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                         num_warps=num_warps, num_stages=num_stages)
     return y[0] if split_k == 1 else _sum_splits(y, bias, x2.dtype)

@@ -114,8 +114,8 @@ def test_the_gemv_sums_the_same_whatever_its_tile_and_split(triton_quant, device
 @pytest.mark.parametrize("method", ["int8", "fp8"])
 @pytest.mark.parametrize("group", [None, 32])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_the_tiles_sum_the_same_whatever_their_shape_and_split(triton_quant, device, poisoned, method, group,
-                                                              with_bias):
+def test_the_tiles_sum_the_same_whatever_their_shape_split_and_orientation(triton_quant, device, poisoned,
+                                                                            method, group, with_bias):
     q, scale = quantization.quantize_weight(torch.randn(72, 544), method, group)
     q, scale = q.to(device), scale.to(device)
     x = torch.randn(5, 544, device=device)
@@ -123,10 +123,12 @@ def test_the_tiles_sum_the_same_whatever_their_shape_and_split(triton_quant, dev
     w = quantization.dequantize_weight(q, scale).double()
     want = x.double() @ w.T + (0 if bias is None else bias.double())
     bound = 544 * 2 ** -24 * (x.double().abs() @ w.abs().T) + 2 ** -24 * want.abs()  # fp32 sums, any order
-    for block_n, block_k, split_k in [(32, 64, 1), (16, 128, 3), (64, 256, 5), (32, 64, None)]:
-        got = triton_quant.tiled(x, q, scale, bias, block_k=block_k, block_n=block_n, split_k=split_k)
+    for block_n, block_k, split_k, swap_ab in [(32, 64, 1, False), (16, 128, 3, False), (64, 256, 5, False),
+                                               (32, 64, None, False), (64, 128, 1, True), (16, 64, 3, True)]:
+        got = triton_quant.tiled(x, q, scale, bias, block_k=block_k, block_n=block_n, split_k=split_k,
+                                 swap_ab=swap_ab)
         assert got.dtype == torch.float32
-        assert ((got.double() - want).abs() <= bound).all(), (block_n, block_k, split_k)
+        assert ((got.double() - want).abs() <= bound).all(), (block_n, block_k, split_k, swap_ab)
 
 
 @pytest.mark.parametrize("method", ["int8", "fp8"])
