@@ -259,7 +259,7 @@ def sec_quant_linear(ctx) -> None:
 
     from nanoserve.kernels import fp8_w8a8
     from nanoserve.kernels import triton_quant_linear as tq
-    from nanoserve.kernels.quantization import quantize_weight
+    from nanoserve.kernels.quantization import dequantize_weight, quantize_weight
     key, dev = "dry" if ctx.dry else "gpu", ctx.dev
     reps = 2 if ctx.dry else 10
 
@@ -281,6 +281,7 @@ def sec_quant_linear(ctx) -> None:
              timing="CUDA graph of 10 calls, replayed; median of 5" if dev == "cuda" else "wall time")
     if fp8_w8a8.has_fp8_tensor_cores(dev) or ctx.dry:
         w8a8_rounding(ctx, 3 if ctx.dry else 40)
+    worst_w8a16 = 0.0
     for n, k in QUANT_SHAPES[key]:
         w = torch.randn(n, k, device=dev) * 0.02
         w16 = w.bfloat16()
@@ -288,6 +289,7 @@ def sec_quant_linear(ctx) -> None:
             if ctx.left() < 10:
                 return ctx.info(stopped_at=f"{n}x{k} {method}: time budget")
             q, s = quantize_weight(w, method)
+            w_ref = dequantize_weight(q, s)  # fp32: the reference's weight
             code_bytes = n * k + 4 * n
             x1 = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
             for bn, bk, split, warps in GEMV_CONFIGS if dev == "cuda" else GEMV_CONFIGS[:2]:
@@ -312,8 +314,18 @@ def sec_quant_linear(ctx) -> None:
                     paths["gemv"] = lambda: tq.gemv(x, q, s, None)
                 if method == "fp8" and fp8_w8a8.has_fp8_tensor_cores(dev):
                     paths["w8a8"] = lambda: fp8_w8a8.fp8_w8a8_linear(x, q, s)
+                want = F.linear(x.float(), w_ref)
                 for name, fn in paths.items():
                     try:
+                        if name != "bf16":  # the others against the reference, in fp32: a bf16 output's
+                            # rounding is 2^-8 of it, W8A8's rounding of x up to 2^-4 of each product
+                            err = ((fn().float() - want).abs().max() / want.abs().max()).item()
+                            ctx.fig(f"{n}x{k}_{method}_M{m}_{name}_rel_err", err,
+                                    "largest |error| / largest |output|")
+                            if name != "w8a8":  # kept current, as the budget may stop the loops
+                                worst_w8a16 = max(worst_w8a16, err)
+                                ctx.fig("w8a16_worst_rel_err", worst_w8a16, "over every shape, rows and "
+                                        "W8A16 path so far (bf16 output: about 2^-8 expected)")
                         ctx.fig(f"{n}x{k}_{method}_M{m}_{name}_us", us(fn), "us per call")
                     except Exception as e:  # one path that fails (or won't capture) leaves the rest
                         ctx.info(**{f"{n}x{k}_{method}_M{m}_{name}_error": f"{type(e).__name__}: {e}"[:200]})

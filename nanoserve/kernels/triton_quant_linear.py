@@ -13,7 +13,9 @@ the number of rows of x, because decode and prefill are different workloads:
   BLOCK_K values at a time, multiplies x's tile by the codes' tile (tl.dot, fp32 accumulation; the
   codes widened to x's dtype, exactly: an int8 or e4m3 value fits bf16's and fp16's 8 and 11
   significant bits) and adds the product times each output row's scale of that group. K is split
-  over programs as the GEMV's is, which a narrow layer (few output tiles, long K) needs.
+  over programs as the GEMV's is, which a narrow layer (few output tiles, long K) needs. Up to 16
+  rows it computes y's transpose (swap_ab), so the codes, not x's few rows, fill the tensor
+  cores' long side.
 - Many rows (prefill, from DEQUANT_ROWS): the matmul is compute-bound and cuBLAS's bf16 tiles are
   the fast ones, so `_dequantize_kernel` writes the weight in x's dtype (one read of a byte, one
   write of two) and F.linear runs it.
