@@ -208,6 +208,17 @@ def test_batch1_host_work_splits_a_step_into_ops_and_host_work(capsys):
         assert 0 < ops and step > 0  # the Python between ops = forward - ops, whatever its sign when busy
 
 
+def test_input_prepare_times_each_step_hot_and_cold(capsys):
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "input_prepare.py")
+    spec = importlib.util.spec_from_file_location("input_prepare", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--rounds", "1", "--sweep-mb", "1"])
+    rows = [ln.split("|")[1:-1] for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")]
+    assert [r[0].strip() for r in rows[1:]] == list(module.STEPS)
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows[1:])
+
+
 def test_peers_require_idle_aborts_on_a_busy_machine(tmp_path, monkeypatch):
     peers = load_peers()
     monkeypatch.setattr(peers, "other_cpu_load", lambda interval=1.0: 1.5)
