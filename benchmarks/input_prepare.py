@@ -52,7 +52,7 @@ def median_us(fn, sweep: torch.Tensor | None, calls: int = 100) -> float:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--sweep-mb", type=int, default=160, help="memory swept before each cold call")
+    ap.add_argument("--sweep-mb", type=int, default=160, help="MiB swept before each cold call")
     args = ap.parse_args(argv)
     sweep = torch.ones(args.sweep_mb << 18)  # fp32: 4 bytes a value
     bufs, rng = InputBuffers("cpu", BLOCK), random.Random(0)
@@ -64,7 +64,7 @@ def main(argv=None) -> None:
             rows[name]["hot"].append(median_us(lambda: bufs.prepare(seqs), None))
             rows[name]["cold"].append(median_us(lambda: bufs.prepare(seqs), sweep))
     print(f"{machine()}; torch {torch.__version__}\n\n`InputBuffers.prepare`, us per call, medians of "
-          f"{args.rounds} rounds of 100 calls; cold: after a {args.sweep_mb} MB sweep\n\n"
+          f"{args.rounds} rounds of 100 calls; cold: after a {args.sweep_mb} MiB sweep\n\n"
           "| step | hot | cold |\n|---|---:|---:|")
     for name, r in rows.items():
         print(f"| {name} | {statistics.median(r['hot']):.1f} | {statistics.median(r['cold']):.1f} |")

@@ -92,7 +92,7 @@ class InputBuffers:
             slots = [s.block_ids[p // bs] * bs + p % bs for s, p in zip(seqs, positions)]
         else:
             seq_idx = np.repeat(np.arange(B), lens)  # (T,) owner of each token
-            starts = np.asarray([s.start for s in seqs])
+            starts = np.asarray([s.start for s in seqs], dtype=np.int64)
             positions = np.arange(T) - np.asarray(qsl[:-1])[seq_idx] + starts[seq_idx]
             slots = tables.reshape(B, width)[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         sampled = [j for i, s in enumerate(seqs) if s.sample

@@ -48,7 +48,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     gets a tiny scale and zero codes; a row holding inf or NaN comes out NaN."""
     amax = x.abs().amax(dim=-1, keepdim=True).float()
     # divided by a tensor on x's device: CUDA divides by a Python number as a product with its
-    # reciprocal, an ulp off the CPU's quotient now and then, and so the codes too
+    # reciprocal, an ulp off the CPU's quotient for most values, and so the codes too
     scale = (amax / torch.full_like(amax, FP8_MAX)).clamp(min=torch.finfo(torch.float32).tiny)
     codes = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return codes, scale

@@ -48,7 +48,8 @@ ACTIVATION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INTERPRETED = env.get("TRITON_INTERPRET") == "1"  # read once: triton reads it at import
 # where each path wins on Llama-3-8B's gate_up and down, by gpu_check's quant_linear section
 # (benchmarks/results/gpu-*): the GEMV at 1-2 rows (its FMAs grow with the rows, so the tiles win
-# from 4), cuBLAS on a dequantized copy from 256 (the tiles at 128); 3 and 129-255 rows untimed
+# from 4), cuBLAS on a dequantized copy from 256 (at 128 the tiles but on fp8's gate_up, 185 us
+# against 172); 3 and 129-255 rows untimed
 GEMV_ROWS = 2
 DEQUANT_ROWS = 256
 
@@ -153,6 +154,13 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on the card (227 KiB on Hopper, 99 on Ada);
+    Ada's where this torch does not say."""
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 99 << 10)
+
+
 def _split_k(x2: torch.Tensor, k: int, tiles: int, block_k: int, split_k: int | None,
              per_sm: int) -> tuple[int, int]:
     """(splits, K per split, a multiple of block_k) for `tiles` programs along the outputs. None:
@@ -226,7 +234,7 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch
 
 def tiled(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
           block_k: int = 128, block_n: int | None = None, split_k: int | None = None, num_warps: int = 4,
-          num_stages: int = 4, swap_ab: bool | None = None) -> torch.Tensor:
+          num_stages: int | None = None, swap_ab: bool | None = None) -> torch.Tensor:
     """x2 (M, K) -> (M, N) in x2's dtype by _w8a16_kernel's tl.dot tiles; block_k divides the group.
     The tile, the split of K (None: _split_k's default) and the launch are parameters so a
     benchmark can time the choices; a split writes fp32 partials that torch sums, as the GEMV's."""
@@ -239,6 +247,9 @@ def tiled(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, b
         swap_ab = m <= 16
     if block_n is None:
         block_n = 64
+    if num_stages is None:  # 4, as timed on an H200, where a card's shared memory holds them
+        stage = block_m * block_k * x2.element_size() + block_n * block_k  # x's tile and the codes'
+        num_stages = max(2, min(4, 3 * _shared_memory(x2.device) // (4 * stage))) if x2.is_cuda else 4
     tiles = triton.cdiv(m, block_m) * triton.cdiv(out_features, block_n)
     split_k, k_per_split = _split_k(x2, k, tiles, block_k, split_k, per_sm=4)
     if split_k == 1:
