@@ -173,6 +173,13 @@ def _split_k(x2: torch.Tensor, k: int, tiles: int, block_k: int, split_k: int | 
     return triton.cdiv(k, k_per_split), k_per_split
 
 
+def _in_one_group(block_k: int, k: int, groups: int) -> int:
+    """block_k, lowered where needed to the largest power of two dividing the group, so a K-step
+    lies in one group and takes one scale."""
+    group_size = k // groups
+    return block_k if groups == 1 else min(block_k, group_size & -group_size)
+
+
 def _sum_splits(partial: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """The fp32 partial sums (splits, M, N) added in a fixed order, then the bias, in `dtype`."""
     y = partial[0] if partial.shape[0] == 1 else partial.sum(0)
@@ -188,13 +195,11 @@ def gemv(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bi
     parameters so a benchmark can time the choices (split_k None: _split_k's default)."""
     m, k = x2.shape
     n, groups = qweight.shape[0], weight_scale.shape[1]
-    group_size = k // groups
-    if groups > 1:  # a K-step lies in one group
-        block_k = min(block_k, group_size & -group_size)
+    block_k = _in_one_group(block_k, k, groups)
     split_k, k_per_split = _split_k(x2, k, triton.cdiv(n, block_n), block_k, split_k, per_sm=8)
     partial = torch.empty(split_k, m, n, dtype=torch.float32, device=x2.device)
     _w8a16_gemv_kernel[(triton.cdiv(n, block_n), split_k)](
-        x2, qweight, weight_scale, partial, m, n, k, k_per_split, groups, group_size,
+        x2, qweight, weight_scale, partial, m, n, k, k_per_split, groups, k // groups,
         x2.stride(0), qweight.stride(0), partial.stride(0), partial.stride(1),
         BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=groups == 1,
         num_warps=num_warps)
@@ -240,8 +245,7 @@ def tiled(x2: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, b
     benchmark can time the choices; a split writes fp32 partials that torch sums, as the GEMV's."""
     m, k = x2.shape
     out_features, groups = qweight.shape[0], weight_scale.shape[1]
-    if groups > 1:  # a K-step lies in one group
-        block_k = min(block_k, (k // groups) & -(k // groups))
+    block_k = _in_one_group(block_k, k, groups)
     block_m = min(64, max(16, triton.next_power_of_2(m)))
     if swap_ab is None:
         swap_ab = m <= 16

@@ -59,3 +59,19 @@ def test_prepared_tensors_equal_fresh_ones_and_buffers_are_reused():
             now = {k: t.data_ptr() for k, t in bufs.dev.items()}
             assert ptrs is None or now == ptrs
             ptrs = now
+
+
+def test_a_steady_decode_reads_each_steps_values_from_the_views_it_keeps():
+    # the same shapes step after step, as a steady decode makes: the views kept from the step
+    # before must show this step's values, and a sequence's new block widens the tables
+    rng = random.Random(1)
+    bufs = InputBuffers("cpu", block_size=4)
+    starts, blocks = [5, 11, 2], [rng.sample(range(64), 16) for _ in range(3)]
+    for step in range(12):
+        seqs = [ScheduledSeq(f"r{i}", [rng.randint(1, 99)], s + step, b[:(s + step) // 4 + 1], True,
+                             SamplingParams(), True) for i, (s, b) in enumerate(zip(starts, blocks))]
+        ids, pos, attn, sampled = bufs.prepare(seqs)
+        want = fresh(seqs, 4)
+        assert ids.tolist() == want[0] and pos.tolist() == want[1], step
+        assert attn.slot_mapping.tolist() == want[2] and attn.seq_lens.tolist() == want[4], step
+        assert attn.block_tables.tolist() == want[5] and sampled.tolist() == want[6], step

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,30 @@ def test_a_folder_out_gets_the_dated_gpu_name(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (name,) = [p.name for p in out.iterdir()]
     assert name.startswith("gpu-") and name.endswith("-cpu-dry-run.json")
+
+
+def test_the_quant_linear_section_fails_where_a_path_errs_after_timing_the_rest(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    from types import SimpleNamespace
+
+    import torch
+
+    from nanoserve.kernels import triton_quant_linear as tq
+    gc = load_script()
+    tiled = tq.tiled
+    monkeypatch.setattr(tq, "tiled", lambda *a, **kw: tiled(*a, **kw) * 1.05)  # 5% off: past the limit
+    threads = torch.get_num_threads()  # a dry Ctx runs on one thread
+    try:
+        args = SimpleNamespace(dry_run=True, part=str(tmp_path / "part.json"), deadline=time.time() + 300)
+        ctx = gc.Ctx(args)
+        ctx.rec = ctx.part["quant_linear"] = {"figures": {}, "info": {}}
+        with pytest.raises(AssertionError, match="worst W8A16 error"):
+            gc.more.sec_quant_linear(ctx)
+    finally:
+        torch.set_num_threads(threads)
+    figs = ctx.rec["figures"]
+    assert figs["w8a16_worst_rel_err"]["value"] > gc.more.W8A16_ERR_LIMIT
+    assert figs["40x96_fp8_M70_dequant_us"]["value"] > 0, "the paths after the wrong one are timed"
 
 
 def test_decode_steps_without_a_graph_are_counted():
