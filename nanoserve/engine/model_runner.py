@@ -236,15 +236,20 @@ class ModelRunner(Executor):
             hidden = self.graphs.run(input_ids, positions, attn)
         else:
             hidden = self.forward(input_ids, positions, self.kv_caches, attn)  # (T, hidden)
-        if not logits_indices.numel():
+        n = logits_indices.numel()
+        if not n:
             return {}
-        logits = self.model.compute_logits(hidden[logits_indices])  # (S + drafts, vocab)
+        # the indices rise, so as many as the rows are every row: a decode step gathers nothing
+        logits = self.model.compute_logits(hidden if n == len(hidden) else hidden[logits_indices])
         sampling = [s for s in seqs if s.sample]
         return self._sample(logits, sampling)
 
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> dict[str, int | list[int]]:
         """logits: each sampling sequence's rows in order (1, or 1 + its drafts). -> {request_id:
         the sampled token}, or for a sequence that checked drafts, the accepted ones and the next."""
+        if not any(s.spec_token_ids for s in sampling):  # one row each: the sampler alone
+            ids = [s.request_id for s in sampling]
+            return dict(zip(ids, self.sampler(logits, [s.params for s in sampling], ids)))
         ends = list(itertools.accumulate(1 + len(s.spec_token_ids) for s in sampling))
         out, errors = {}, {}
         for verify in (False, True):

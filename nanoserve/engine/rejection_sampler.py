@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from nanoserve.engine.executor import RequestFailed
-from nanoserve.engine.sampler import Sampler, argmax
+from nanoserve.engine.sampler import Sampler
 from nanoserve.sampling_params import SamplingParams
 
 
@@ -43,7 +43,7 @@ class RejectionSampler:
         starts = [0]
         for d in drafts:
             starts.append(starts[-1] + len(d) + 1)
-        greedy = argmax(logits).tolist()  # (rows,) every row's argmax: greedy rows use these
+        greedy = self.sampler.argmax(logits).tolist()  # (rows,) every row's argmax: greedy rows use these
         out, errors = [], {}
         for i, (d, p) in enumerate(zip(drafts, params)):
             rows = slice(starts[i], starts[i + 1])

@@ -13,13 +13,14 @@ from __future__ import annotations
 import torch
 
 from nanoserve.engine.executor import RequestFailed
-from nanoserve.kernels import argmax
+from nanoserve.kernels import argmax_for
 from nanoserve.sampling_params import SamplingParams
 
 
 class Sampler:
     def __init__(self, device, seed: int = 0):
         self.device = device
+        self.argmax = argmax_for(device)  # greedy rows' argmax, dispatched once
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.request_generators: dict[str, torch.Generator] = {}
         self._host: torch.Tensor | None = None  # pinned buffer the sampled ids arrive in (CUDA)
@@ -32,7 +33,7 @@ class Sampler:
                  request_ids: list[str]) -> list[int]:
         """logits: (N, vocab) fp32, one row per sampling request. -> N token ids. Raises
         RequestFailed naming the requests whose draw failed, with the others' tokens."""
-        tokens = argmax(logits)  # (N,) greedy rows keep these
+        tokens = self.argmax(logits)  # (N,) greedy rows keep these
         rows = [i for i, p in enumerate(params) if not p.greedy]
         if not rows:
             return self._to_host(tokens)

@@ -11,10 +11,11 @@ tokens, every layer's kernels called from C++ in one call (cpu_decode_layer.py; 
 (triton on a CPU needs TRITON_INTERPRET=1 set before the first import, and is very slow).
 
 Beside the layer's kernels, the same dispatch serves the engine: `argmax` (greedy sampling; C++
-on the CPU backend, cpu_argmax.py) and `process_weights_after_loading(model)` (a CPU repacks the
-linear weights for oneDNN, cpu_gemm.py, and on the CPU backend puts quantized linears on the C++
-GEMV over their codes, cpu_quant_gemm.py, on the Triton backend on triton_quant_linear.py's W8A16
-kernel; the reference, quantization.py, dequantizes per call).
+on the CPU backend, cpu_argmax.py; `argmax_for(device)` picks it once) and
+`process_weights_after_loading(model)` (a CPU repacks the linear weights for oneDNN, cpu_gemm.py,
+and on the CPU backend puts quantized linears on the C++ GEMV over their codes, cpu_quant_gemm.py,
+on the Triton backend on triton_quant_linear.py's W8A16 kernel; the reference, quantization.py,
+dequantizes per call).
 A CPU backend's process-wide setup, the allocator thresholds of cpu_malloc.py, is applied when
 get_ops first serves a CPU.
 
@@ -48,8 +49,8 @@ from nanoserve.kernels.metadata import AttentionMetadata
 BACKENDS = ("reference", "cpu", "triton")
 KERNEL_NAMES = ("rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention", "silu_and_mul")
 
-__all__ = ["AttentionMetadata", "BACKENDS", "KERNEL_NAMES", "argmax", "get_ops", "kernel_backend",
-           "kernel_ops", "process_weights_after_loading", "use_kernels"]
+__all__ = ["AttentionMetadata", "BACKENDS", "KERNEL_NAMES", "argmax", "argmax_for", "get_ops",
+           "kernel_backend", "kernel_ops", "process_weights_after_loading", "use_kernels"]
 
 
 def kernel_backend(device) -> str:
@@ -85,9 +86,15 @@ def get_ops(device):
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """Greedy sampling's argmax, reference.argmax's contract: (N, vocab) -> (N,) int64."""
-    if logits.device.type == "cpu" and kernel_backend(logits.device) == "cpu":
-        return cpu_argmax.argmax(logits)
-    return reference.argmax(logits)
+    return argmax_for(logits.device)(logits)
+
+
+def argmax_for(device):
+    """The argmax for logits on `device`, chosen once, as a sampler holds it: the dispatch itself
+    costs, cold, as much as the op on a row of logits."""
+    if torch.device(device).type == "cpu" and kernel_backend(device) == "cpu":
+        return cpu_argmax.argmax
+    return reference.argmax
 
 
 def process_weights_after_loading(model) -> None:

@@ -14,7 +14,5 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     """reference.argmax: logits (N, vocab) -> (N,) int64; contiguous fp32 rows go to the C++ op."""
     if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
             and logits.shape[1] > 0 and logits.is_contiguous() and cpu_build.available()):
-        out = torch.empty(logits.shape[0], dtype=torch.long)
-        torch.ops.nanoserve_cpu.argmax(out, logits)
-        return out
+        return torch.ops.nanoserve_cpu.argmax(logits)
     return reference.argmax(logits)

@@ -58,58 +58,77 @@ const Ops& ops() {
   return handles;
 }
 
-// A linear as cpu_gemm.py / cpu_quant_gemm.py run it for a few rows: [weight] or [weight, bias]
+// A linear as cpu_gemm.py / cpu_quant_gemm.py run it for a few rows, into y: [weight] or [weight, bias]
 // for the float GEMV; [codes, scales] or [codes, scales, bias] for the GEMV over 8-bit codes
 // (scales fp32, a column per group).
-at::Tensor linear(const at::Tensor& x, const std::vector<at::Tensor>& w) {
+void linear(const at::Tensor& y, const at::Tensor& x, const std::vector<at::Tensor>& w) {
   const bool codes = w.at(0).scalar_type() == at::kChar || w[0].scalar_type() == at::kFloat8_e4m3fn;
   const size_t n = codes ? 2 : 1;
   TORCH_CHECK(w.size() == n || w.size() == n + 1, "decode_layers: a linear is [weight(, bias)] or "
               "[codes, scales(, bias)], got ", w.size(), " tensors");
   const OptTensor bias = w.size() > n ? OptTensor(w[n]) : std::nullopt;
-  at::Tensor y = at::empty({x.size(0), w[0].size(0)}, x.options());
   if (codes)
     ops().quant_gemv.call(y, x, w[0], w[1], bias);
   else
     ops().gemv.call(y, x, w[0], bias);
-  return y;
 }
 
-std::tuple<at::Tensor, at::Tensor> decode_layer(
-    const at::Tensor& x, const OptTensor& residual, const at::Tensor& input_norm, const at::Tensor& post_norm,
-    double eps, const std::vector<at::Tensor>& qkv_proj, const std::vector<at::Tensor>& o_proj,
-    const std::vector<at::Tensor>& gate_up_proj, const std::vector<at::Tensor>& down_proj, int64_t num_heads,
-    int64_t num_kv_heads, const at::Tensor& positions, const at::Tensor& cos_sin_cache, const at::Tensor& k_cache,
-    const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& row_tables,
-    const at::Tensor& row_lens, double scale, double k_scale, double v_scale) {
+// The activations a layer writes, allocated once a call and reused by every layer: at a few rows
+// a step's hundreds of allocations cost about as much as its small ops (a model's layers share
+// their shapes; `sized` allocates again where one does not).
+struct Work {
+  at::Tensor h, streams[2], qkv, o, attn_out, h2, gate_up, act, out;
+};
+
+const at::Tensor& sized(at::Tensor& buf, const at::Tensor& like, int64_t cols) {
+  if (!buf.defined() || buf.size(0) != like.size(0) || buf.size(1) != cols)
+    buf = at::empty({like.size(0), cols}, like.options());
+  return buf;
+}
+
+// One layer, x (T, hidden) -> its output in work.out, and the residual stream in work.streams[0]
+// (read from `residual`, which is work.streams[0] or, in the first layer, nothing).
+void decode_layer(
+    Work& work, const at::Tensor& x, const OptTensor& residual, const at::Tensor& input_norm,
+    const at::Tensor& post_norm, double eps, const std::vector<at::Tensor>& qkv_proj,
+    const std::vector<at::Tensor>& o_proj, const std::vector<at::Tensor>& gate_up_proj,
+    const std::vector<at::Tensor>& down_proj, int64_t num_heads, int64_t num_kv_heads, const at::Tensor& positions,
+    const at::Tensor& cos_sin_cache, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& slot_mapping, const at::Tensor& row_tables, const at::Tensor& row_lens, double scale,
+    double k_scale, double v_scale) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "decode_layers: x must be (T, hidden) contiguous");
-  const int64_t T = x.size(0), hd = k_cache.size(3);
+  const int64_t T = x.size(0), hidden = x.size(1), hd = k_cache.size(3);
   const int64_t q_size = num_heads * hd, kv_size = num_kv_heads * hd;
   // the input norm: the first layer keeps x as the residual stream, later ones add it in
-  at::Tensor h = at::empty_like(x), stream = x;
+  const at::Tensor& h = sized(work.h, x, hidden);
+  at::Tensor stream = x;
   if (residual) {
-    stream = at::empty_like(x);
+    stream = sized(work.streams[1], x, hidden);
     ops().rms_norm.call(h, x, input_norm, eps, residual, stream);
   } else {
     ops().rms_norm.call(h, x, input_norm, eps, std::nullopt, std::nullopt);
   }
   // attention: views into the fused qkv output, rotated and cached in place
-  const at::Tensor qkv = linear(h, qkv_proj);
+  const at::Tensor& qkv = sized(work.qkv, x, qkv_proj.at(0).size(0));
+  linear(qkv, h, qkv_proj);
   const at::Tensor q = qkv.narrow(1, 0, q_size).view({T, num_heads, hd});
   const at::Tensor k = qkv.narrow(1, q_size, kv_size).view({T, num_kv_heads, hd});
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, hd});
   ops().rope.call(positions, q, k, cos_sin_cache);
   ops().cache.call(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale);
-  const at::Tensor o = at::empty({T, num_heads, hd}, x.options());
+  const at::Tensor o = sized(work.o, x, q_size).view({T, num_heads, hd});
   ops().attention.call(q, o, k_cache, v_cache, row_tables, row_lens, scale, k_scale, v_scale);
-  const at::Tensor attn_out = linear(o.view({T, q_size}), o_proj);
-  // the post-attention norm adds the residual stream; then the MLP
-  const at::Tensor h2 = at::empty_like(x), stream2 = at::empty_like(x);
-  ops().rms_norm.call(h2, attn_out, post_norm, eps, stream, stream2);
-  const at::Tensor gate_up = linear(h2, gate_up_proj);
-  const at::Tensor act = at::empty({T, gate_up.size(1) / 2}, x.options());
+  const at::Tensor& attn_out = sized(work.attn_out, x, hidden);
+  linear(attn_out, o.view({T, q_size}), o_proj);
+  // the post-attention norm adds the residual stream into the other stream buffer (the one the
+  // input norm read, spent by now); then the MLP
+  const at::Tensor& h2 = sized(work.h2, x, hidden);
+  ops().rms_norm.call(h2, attn_out, post_norm, eps, stream, sized(work.streams[0], x, hidden));
+  const at::Tensor& gate_up = sized(work.gate_up, x, gate_up_proj.at(0).size(0));
+  linear(gate_up, h2, gate_up_proj);
+  const at::Tensor& act = sized(work.act, x, gate_up.size(1) / 2);
   ops().silu_and_mul.call(act, gate_up);
-  return {linear(act, down_proj), stream2};
+  linear(sized(work.out, x, hidden), act, down_proj);  // x, the last layer's out, is spent by now
 }
 
 // Every layer in turn, the first with no residual stream yet: `norms` holds each layer's two norms,
@@ -125,8 +144,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(
   TORCH_CHECK(L > 0 && norms.size() == 2 * L && arity.size() == 4 * L && v_caches.size() == L &&
                   k_scales.size() == L && v_scales.size() == L,
               "decode_layers: each layer needs two norms, four linears, a K and a V cache and their scales");
-  at::Tensor h = x;
-  OptTensor residual;
+  Work work;
   size_t next = 0;
   std::vector<at::Tensor> w[4];
   for (size_t l = 0; l < L; ++l) {
@@ -137,14 +155,12 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(
       w[j].assign(linears.begin() + next, linears.begin() + next + n);
       next += n;
     }
-    auto [out, stream] = decode_layer(h, residual, norms[2 * l], norms[2 * l + 1], eps, w[0], w[1], w[2], w[3],
-                                      num_heads, num_kv_heads, positions, cos_sin_cache, k_caches[l], v_caches[l],
-                                      slot_mapping, row_tables, row_lens, scale, k_scales[l], v_scales[l]);
-    h = out;
-    residual = stream;
+    decode_layer(work, l == 0 ? x : work.out, l == 0 ? OptTensor() : OptTensor(work.streams[0]), norms[2 * l],
+                 norms[2 * l + 1], eps, w[0], w[1], w[2], w[3], num_heads, num_kv_heads, positions, cos_sin_cache,
+                 k_caches[l], v_caches[l], slot_mapping, row_tables, row_lens, scale, k_scales[l], v_scales[l]);
   }
   TORCH_CHECK(next == linears.size(), "decode_layers: more linear tensors than arity says");
-  return {h, *residual};
+  return {work.out, work.streams[0]};
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ from nanoserve import LLM, EngineConfig, ModelConfig, SamplingParams
 from nanoserve.kernels import AttentionMetadata, cpu_decode_layer, use_kernels
 from nanoserve.model.llama import run_layers
 
-SHAPE = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+SHAPE = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19], [20, 21]]
 MANY = [[30 + i, 40 + 2 * i, 50 + 3 * i, 60 + i] for i in range(9)]  # nine sequences: one past MAX_ROWS
