@@ -20,7 +20,7 @@ from nanoserve.sampling_params import SamplingParams
 class Sampler:
     def __init__(self, device, seed: int = 0):
         self.device = device
-        self.argmax = argmax_for(device)  # greedy rows' argmax, dispatched once
+        self.argmax = argmax_for(device)  # greedy rows' argmax, chosen once as the model's kernels are
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.request_generators: dict[str, torch.Generator] = {}
         self._host: torch.Tensor | None = None  # pinned buffer the sampled ids arrive in (CUDA)

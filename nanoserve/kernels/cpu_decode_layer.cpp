@@ -75,7 +75,8 @@ void linear(const at::Tensor& y, const at::Tensor& x, const std::vector<at::Tens
 
 // The activations a layer writes, allocated once a call and reused by every layer: at a few rows
 // a step's hundreds of allocations cost about as much as its small ops (a model's layers share
-// their shapes; `sized` allocates again where one does not).
+// their shapes; `sized` allocates again where one does not). One call's only: it returns two of
+// them to the caller, so a Work kept across calls would overwrite what the caller still holds.
 struct Work {
   at::Tensor h, streams[2], qkv, o, attn_out, h2, gate_up, act, out;
 };
