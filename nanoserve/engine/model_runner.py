@@ -247,9 +247,6 @@ class ModelRunner(Executor):
     def _sample(self, logits: torch.Tensor, sampling: list[ScheduledSeq]) -> dict[str, int | list[int]]:
         """logits: each sampling sequence's rows in order (1, or 1 + its drafts). -> {request_id:
         the sampled token}, or for a sequence that checked drafts, the accepted ones and the next."""
-        if not any(s.spec_token_ids for s in sampling):  # one row each: the sampler alone
-            ids = [s.request_id for s in sampling]
-            return dict(zip(ids, self.sampler(logits, [s.params for s in sampling], ids)))
         ends = list(itertools.accumulate(1 + len(s.spec_token_ids) for s in sampling))
         out, errors = {}, {}
         for verify in (False, True):

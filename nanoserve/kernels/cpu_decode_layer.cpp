@@ -117,10 +117,11 @@ void decode_layer(
   const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({T, num_kv_heads, hd});
   ops().rope.call(positions, q, k, cos_sin_cache);
   ops().cache.call(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale);
-  const at::Tensor o = sized(work.o, x, q_size).view({T, num_heads, hd});
-  ops().attention.call(q, o, k_cache, v_cache, row_tables, row_lens, scale, k_scale, v_scale);
+  const at::Tensor& o = sized(work.o, x, q_size);
+  ops().attention.call(q, o.view({T, num_heads, hd}), k_cache, v_cache, row_tables, row_lens, scale, k_scale,
+                       v_scale);
   const at::Tensor& attn_out = sized(work.attn_out, x, hidden);
-  linear(attn_out, o.view({T, q_size}), o_proj);
+  linear(attn_out, o, o_proj);
   // the post-attention norm adds the residual stream into the other stream buffer (the one the
   // input norm read, spent by now); then the MLP
   const at::Tensor& h2 = sized(work.h2, x, hidden);

@@ -206,6 +206,12 @@ def test_batch1_host_work_splits_a_step_into_ops_and_host_work(capsys):
     for r in rows[1:]:
         step, ops = float(r[1]), float(r[2])
         assert 0 < ops and step > 0  # the Python between ops = forward - ops, whatever its sign when busy
+        host, phases = float(r[4]), [float(x) for x in r[5:]]
+        assert len(phases) == 4 and all(p > 0 for p in phases)  # scheduling, input prep, sampling, outputs
+        assert abs(sum(phases) - host) <= 0.01, "the host phases add up to their sum (one round: no medians)"
+    module.main(["--model", "preset:tiny", "--steps", "4", "--rounds", "1", "--no-eager"])
+    rows = [ln.split("|")[1:-1] for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")]
+    assert [r[0].strip() for r in rows[1:]] == ["bf16", "int8, lm_head int8"]
 
 
 def test_input_prepare_times_each_step_hot_and_cold(capsys):
