@@ -19,7 +19,7 @@ def plot_weight_formats(rows: Sequence, device: str, ax=None):
     ax.bar([i - 0.2 for i in x], [1e3 * r.itl_s for r in rows], 0.4, color=MEASURED_COLOR,
            label="measured ITL")
     ax.bar([i + 0.2 for i in x], [1e3 * r.floor_s for r in rows], 0.4, color=MODELLED_COLOR,
-           label="floor: bytes / measured bandwidth")
+           label="floor (modelled): bytes / measured bandwidth")
     for i, r in enumerate(rows):
         ax.text(i - 0.2, 1e3 * r.itl_s, f"{r.share_of_floor:.0%}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), [r.weight_format for r in rows])
@@ -32,9 +32,11 @@ def plot_weight_formats(rows: Sequence, device: str, ax=None):
     return ax
 
 
-def plot_kv_dtype(capacity_rows: Sequence, runs: Sequence, slo: str, device: str, axes=None):
+def plot_kv_dtype(capacity_rows: Sequence, saturated: Sequence, runs: Sequence, slo: str, device: str,
+                  axes=None):
     """Left: blocks in the same memory and the largest batch that fits; right: goodput at the SLO
-    and the most requests running at once, per kv_cache_dtype (all measured)."""
+    against the offered rate per kv_cache_dtype, each engine's served rate with every request at
+    once dashed (all measured; kv_dtype.load_sweep)."""
     import matplotlib.pyplot as plt
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
@@ -46,13 +48,18 @@ def plot_kv_dtype(capacity_rows: Sequence, runs: Sequence, slo: str, device: str
     ax.set_xlabel("kv_cache_dtype")
     ax.set_ylabel("KV blocks in the same memory")
     ax.set_title("Capacity", fontsize=10)
-    bx.bar([r.kv_cache_dtype for r in runs], [r.goodput for r in runs], color=MEASURED_COLOR)
-    for i, r in enumerate(runs):
-        bx.text(i, r.goodput, f"{r.attainment:.0%} of requests within the SLO,\nat most {r.max_running} "
-                "running at once", ha="center", va="bottom", fontsize=8)
-    bx.set_xlabel("kv_cache_dtype")
+    ax.margins(y=0.15)  # room for the notes above the bars
+    for sat, color, marker in zip(saturated, (MEASURED_COLOR, "tab:green"), "os"):
+        mine = [r for r in runs if r.kv_cache_dtype == sat.kv_cache_dtype]
+        bx.plot([r.rate for r in mine], [r.goodput for r in mine], marker=marker, color=color,
+                label=f"{sat.kv_cache_dtype}: goodput")
+        bx.axhline(sat.served_rate, color=color, linestyle="--", linewidth=1,
+                   label=f"{sat.kv_cache_dtype}: served with all at once ({sat.served_rate:.3g} req/s)")
+    rates = sorted({r.rate for r in runs})
+    bx.plot(rates, rates, ":", color="gray", label="offered: every request within the SLO")
+    bx.set_xlabel("offered rate (req/s, Poisson)")
     bx.set_ylabel("goodput (req/s)")
-    for a in axes:
-        a.margins(y=0.15)  # room for the notes above the bars
+    bx.set_ylim(bottom=0)
+    bx.legend(fontsize=8)
     bx.set_title(f"Goodput within {slo_text(parse_slo(slo))}\n{device}", fontsize=10)
     return axes

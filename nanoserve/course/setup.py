@@ -169,18 +169,25 @@ SIZES: dict[str, dict[str, dict]] = {
                         trace_tokens=48, samples=50000, kv_blocks=8192, grid_ks=(1, 2, 4, 6, 8),
                         grid_batches=(1, 64), grid_tokens=64, grid_reps=1)},
     # formats: the weight formats timed at batch 1 (context, steps); kv_memory: the bytes both KV
-    # caches get, a few requests' worth; requests .. rate: the goodput workload, arriving fast enough
-    # that the bf16 cache is what limits the batch; prefill_len: the compute-bound prompt;
+    # caches get, a few requests' worth; requests .. output_len: the goodput workload; loads: its
+    # arrival rates, as multiples of what the bf16 engine serves with every request at once (past 1,
+    # the bf16 cache is what limits the batch); prefill_len: the compute-bound prompt; kv_step_*: the
+    # decode step timed over each cache, at a context where K/V are a large share of its bytes;
     # quality_model: the model whose quality and generations are compared
-    "13": {"quick": dict(model=DEMO_MODEL_DIR, formats=("float32", "bfloat16", "int8", "fp8"), context=32,
-                         steps=6, kv_memory=3 * 2**17, requests=12, input_len=32, output_len=16, rate=50.0,
-                         prefill_len=256, quality_model=DEMO_MODEL_DIR, quality_tokens=24),
-           "cpu": dict(model="preset:llama-120m", formats=("float32", "bfloat16", "int8", "fp8"), context=128,
-                       steps=8, kv_memory=int(7.5 * 2**20), requests=32, input_len=128, output_len=32,
-                       rate=20.0, prefill_len=1024, quality_model="smollm2-135m", quality_tokens=48),
-           "cuda": dict(model="preset:llama-3.2-1b", formats=("bfloat16", "int8", "fp8"), context=512,
-                        steps=16, kv_memory=2**28, requests=64, input_len=512, output_len=128, rate=8.0,
-                        prefill_len=4096, quality_model="smollm2-135m", quality_tokens=48)},
+    "13": {"quick": dict(model=DEMO_MODEL_DIR,
+                         formats=("float32", "bfloat16", "int8", "fp8", "int8 + lm_head"),
+                         context=32, steps=6, kv_memory=3 * 2**17, requests=12, input_len=32, output_len=16,
+                         loads=(0.8, 1.6), prefill_len=256, kv_step_batch=2, kv_step_context=128,
+                         quality_model=DEMO_MODEL_DIR, quality_tokens=24),
+           "cpu": dict(model="preset:llama-120m",
+                       formats=("float32", "bfloat16", "int8", "fp8", "int8 + lm_head"),
+                       context=128, steps=8, kv_memory=int(3.75 * 2**20), requests=24, input_len=64,
+                       output_len=96, loads=(0.8, 1.2, 1.6), prefill_len=1024, kv_step_batch=2,
+                       kv_step_context=2048, quality_model="smollm2-135m", quality_tokens=48),
+           "cuda": dict(model="preset:llama-3.2-1b", formats=("bfloat16", "int8", "fp8", "int8 + lm_head"),
+                        context=512, steps=16, kv_memory=2**28, requests=64, input_len=512, output_len=128,
+                        loads=(0.8, 1.2, 1.6), prefill_len=4096, kv_step_batch=16, kv_step_context=4096,
+                        quality_model="smollm2-135m", quality_tokens=48)},
 }
 
 

@@ -37,8 +37,11 @@ inline void to_float<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
 }
 
-// e4m3 to fp32 through a table of its 256 values, built once: a lookup per value, which the
-// compiler vectorizes as gathers from a 1 KiB table that stays in L1
+// e4m3 to fp32. With F16C, arithmetically: an e4m3 code's exponent and mantissa bits, shifted
+// into fp16's, are an fp16 of the same value times 2^-8 (its exponent bias is 7 against 15), so
+// eight codes take a widening, two masks and shifts, one conversion and one exact multiply by
+// 2^8, where a lookup per value is a gather (slow on many cores). Elsewhere, and for the tail, a
+// table of the 256 values, built once.
 template <>
 inline void to_float<c10::Float8_e4m3fn>(const c10::Float8_e4m3fn* src, float* dst, int64_t n) {
   static const auto table = [] {
@@ -47,9 +50,22 @@ inline void to_float<c10::Float8_e4m3fn>(const c10::Float8_e4m3fn* src, float* d
     return t;
   }();
   const uint8_t* bits = reinterpret_cast<const uint8_t*>(src);
+  int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+  const __m128i low7 = _mm_set1_epi16(0x7F), sign = _mm_set1_epi16(0x80), nan16 = _mm_set1_epi16(0x7E00);
+  const __m256 two8 = _mm256_set1_ps(256.f);
+  for (; i + 8 <= n; i += 8) {
+    int64_t eight;
+    std::memcpy(&eight, bits + i, 8);
+    const __m128i w = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(eight));
+    const __m128i mag = _mm_and_si128(w, low7);
+    __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(w, sign), 8));
+    h = _mm_blendv_epi8(h, nan16, _mm_cmpeq_epi16(mag, low7));  // S.1111.111 is e4m3fn's NaN
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(h), two8));
+  }
+#endif
   const float* t = table.data();
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = t[bits[i]];
+  for (; i < n; ++i) dst[i] = t[bits[i]];
 }
 
 // A GEMV's weight stream, kStreamAhead bytes ahead of the row under way, into L1: some cores'

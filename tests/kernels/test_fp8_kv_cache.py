@@ -137,3 +137,16 @@ def test_a_nan_written_to_an_fp8_cache_stays_nan(request, backend):
     k8, v8 = k_cache.view(-1, 16).float(), v_cache.view(-1, 16).float()
     assert k8[1, 3].isnan() and v8[6, 7].isnan()
     assert k8.isnan().sum() == 1 and v8.isnan().sum() == 1
+
+
+def test_every_e4m3_code_is_read_as_its_value(cpu_ops):
+    """One key, so the output is its V row times v_scale exactly; that row holds all 256 codes (two
+    kv heads of 128), subnormals and NaN included: the C++ read converts each as torch does."""
+    if not cpu_ops:
+        pytest.skip("C++ ops not built")
+    q, k, v, attn = paged_batch([(0, 1)], 2, 2, 128, 16, torch.float32, "cpu")
+    k8, v8 = quantized(k, v, 1.0, 1.0)
+    block = int(attn.block_tables[0, 0])
+    v8[block, 0] = torch.arange(256, dtype=torch.uint8).view(FP8).view(2, 128)
+    got = cpu_attention.paged_attention(q, k8, v8, attn, 0.1, 1.0, 2.0)
+    torch.testing.assert_close(got[0], v8[block, 0].float() * 2.0, rtol=0, atol=0, equal_nan=True)

@@ -4,11 +4,14 @@ the blocks of bf16 (capacity), so more requests run at once and fewer wait or ar
 
 Every engine here gets the same `kv_cache_memory` bytes and differs only in
 EngineConfig.kv_cache_dtype; blocks and batch sizes are the engines' own (num_kv_blocks), the
-goodput and step times are replays on this machine (measure.bench.replay).
+goodput and step times are replays on this machine (measure.bench.replay). The arrival rates are
+this device's too: `load_sweep` first gives each engine every request at once, which measures the
+requests/s it can serve, then offers Poisson arrivals at multiples of the first engine's.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -62,6 +65,7 @@ def capacity_table(rows: list[CapacityRow], kv_memory: int, request_len: int) ->
 @dataclass
 class GoodputRun:
     kv_cache_dtype: str
+    rate: float  # offered requests/s; inf: every request at once
     num_kv_blocks: int
     goodput: float  # requests/s within every SLO
     attainment: float  # share of requests within every SLO
@@ -78,6 +82,11 @@ class GoodputRun:
         """Requests/s of this run within `slo` (another SLO than the one it was scored at)."""
         return goodput(self.outputs, slo, self.duration)
 
+    @property
+    def served_rate(self) -> float:
+        """Requests/s completed; with every request at once, what the engine can serve."""
+        return len(self.outputs) / self.duration
+
 
 def serve_workload(llm, num_requests: int, input_len: int, output_len: int, rate: float,
                    slo: str, seed: int = 0) -> GoodputRun:
@@ -89,21 +98,32 @@ def serve_workload(llm, num_requests: int, input_len: int, output_len: int, rate
                          vocab_size=engine.model_config.vocab_size)
     res = replay(engine, workload, progress=False)
     m = res.metrics(slo)
-    return GoodputRun(engine.config.kv_cache_dtype, engine.num_kv_blocks, m.goodput, m.slo_attainment,
+    return GoodputRun(engine.config.kv_cache_dtype, rate, engine.num_kv_blocks, m.goodput, m.slo_attainment,
                       m.output_throughput, m.ttft.median, m.ttft.p90, m.tpot.median,
                       engine.stats.preemptions - before,
                       max((s.num_decode_tokens for s in res.trace), default=0), res.duration,
                       res.outputs)
 
 
+def load_sweep(llms: list, num_requests: int, input_len: int, output_len: int, loads, slo: str,
+               seed: int = 0) -> tuple[list[GoodputRun], list[GoodputRun]]:
+    """(saturated, runs): each engine given every request at once (its served_rate: the requests/s
+    it can serve on this workload), then the same Poisson workload at each of `loads` times the
+    first engine's served_rate, on every engine in turn (load by load)."""
+    saturated = [serve_workload(llm, num_requests, input_len, output_len, math.inf, slo, seed)
+                 for llm in llms]
+    base = saturated[0].served_rate
+    return saturated, [serve_workload(llm, num_requests, input_len, output_len, load * base, slo, seed)
+                       for load in loads for llm in llms]
+
+
 def goodput_table(runs: list[GoodputRun], slo: str) -> Table:
-    base = runs[0]
-    return Table([{"kv_cache_dtype": r.kv_cache_dtype, "blocks": r.num_kv_blocks,
-                   "most running": r.max_running, "preemptions": r.preemptions,
-                   "TTFT p50 s": r.ttft_p50, "TTFT p90 s": r.ttft_p90, "TPOT p50 ms": 1e3 * r.tpot_p50,
-                   "output tok/s": r.throughput, "goodput req/s": r.goodput,
-                   "within SLO": f"{r.attainment:.0%}",
-                   "goodput vs first": round(r.goodput / base.goodput, 2) if base.goodput else None}
+    return Table([{"kv_cache_dtype": r.kv_cache_dtype,
+                   "offered req/s": "all at once" if math.isinf(r.rate) else round(r.rate, 2),
+                   "served req/s": r.served_rate, "goodput req/s": r.goodput,
+                   "within SLO": f"{r.attainment:.0%}", "most running": r.max_running,
+                   "preemptions": r.preemptions, "TTFT p50 s": r.ttft_p50, "TTFT p90 s": r.ttft_p90,
+                   "TPOT p50 ms": 1e3 * r.tpot_p50}
                   for r in runs],  # the SLO in the title: in a header, one long word a slide can't fit
                  f"The same workload and KV memory, SLO {slo} (measured on this machine)", ".3g")
 
@@ -124,6 +144,24 @@ def decode_step_time(llm, batch: int, context: int, steps: int = 16) -> float:
     if not decodes:
         raise RuntimeError(f"no decode step ran all {batch} sequences: is the cache big enough?")
     return statistics.median(decodes)
+
+
+def long_context_steps(model: str, dtype: str, batch: int, context: int, steps: int = 8,
+                       rounds: int = 3) -> dict[str, float]:
+    """kv_cache_dtype -> median seconds of a decode step of `batch` sequences at about `context`
+    tokens, each on an engine whose cache just holds them: a context where attention's K/V reads
+    are a large share of a step's bytes, unlike a short one. Rounds alternate the engines."""
+    blocks = batch * -(-(context + steps + 2) // EngineConfig.block_size) + 2
+    llms = {kv: LLM(model, None, dtype, config=EngineConfig(num_kv_blocks=blocks, kv_cache_dtype=kv,
+                                                             max_num_batched_tokens=batch * context))
+            for kv in KV_DTYPES}
+    for llm in llms.values():
+        decode_step_time(llm, batch, context, 2)  # warm-up: first-call costs
+    times = {kv: [] for kv in llms}
+    for _ in range(rounds):
+        for kv, llm in llms.items():
+            times[kv].append(decode_step_time(llm, batch, context, steps))
+    return {kv: statistics.median(t) for kv, t in times.items()}
 
 
 def kv_magnitudes(llm: LLM, prompts: list[list[int]]) -> tuple[float, float]:

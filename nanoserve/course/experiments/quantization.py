@@ -1,11 +1,12 @@
 """Lesson 13: fewer bytes per weight, measured: batch-1 decode against its roofline floor for each
 weight format, and a compute-bound prefill, which fewer bytes do not speed up.
 
-A weight format is (model dtype, quantization): "float32", "bfloat16", "int8" and "fp8" (8-bit
-codes with per-channel scales beside bf16 activations, LLM(model, quantization=...)). The floor
-of a decode step is the bytes it must read (every linear weight at its format's width, the
-lm_head and embedding in the model dtype, the KV cache) over the bandwidth this device measured
-(measure.roofline); the step time is the engine's own, replayed here.
+A weight format is (model dtype, quantization, lm_head as codes): "float32", "bfloat16", "int8" and
+"fp8" (8-bit codes with per-channel scales beside bf16 activations, LLM(model, quantization=...)),
+and "int8 + lm_head" (the lm_head as codes too, EngineConfig.quantization_lm_head). The floor of a
+decode step is the bytes it must read (every linear weight at its format's width, the embedding's
+rows, the KV cache) over the bandwidth this device measured (measure.roofline); the step time is
+the engine's own, replayed here.
 """
 
 from __future__ import annotations
@@ -20,16 +21,23 @@ from nanoserve.engine.llm import LLM, engine_of
 from nanoserve.measure import roofline
 from nanoserve.measure.workload import synthetic
 
-# format -> (model dtype, quantization)
-WEIGHT_FORMATS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
-                  "int8": ("bfloat16", "int8"), "fp8": ("bfloat16", "fp8")}
+# format -> (model dtype, quantization, the lm_head as codes too)
+WEIGHT_FORMATS = {"float32": ("float32", None, False), "bfloat16": ("bfloat16", None, False),
+                  "int8": ("bfloat16", "int8", False), "fp8": ("bfloat16", "fp8", False),
+                  "int8 + lm_head": ("bfloat16", "int8", True)}
+
+# the price in quality: each variant's EngineConfig fields, beside the unquantized engine's
+QUALITY_VARIANTS = {"fp8 KV": {"kv_cache_dtype": "fp8"}, "int8 weights": {"quantization": "int8"},
+                    "int8 + lm_head": {"quantization": "int8", "quantization_lm_head": True},
+                    "fp8 weights": {"quantization": "fp8"}}
 
 
 def load(model: str, weight_format: str, kv_cache_dtype: str = "auto", **config) -> LLM:
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format={weight_format!r}; choose from {list(WEIGHT_FORMATS)}")
-    dtype, quantization = WEIGHT_FORMATS[weight_format]
+    dtype, quantization, lm_head = WEIGHT_FORMATS[weight_format]
     return LLM(model, None, dtype, config=EngineConfig(quantization=quantization,
+                                                        quantization_lm_head=lm_head,
                                                         kv_cache_dtype=kv_cache_dtype, **config))
 
 
@@ -56,17 +64,20 @@ class WeightRow:
         return self.floor_s / self.itl_s
 
 
-def weight_formats_itl(model: str, formats, context: int, steps: int, ceilings) -> list[WeightRow]:
-    """Each format's batch-1 decode step on this device against its floor (one engine at a time)."""
-    rows = []
-    for fmt in formats:
-        llm = load(model, fmt, num_kv_blocks=-(-(context + steps + 2) // 16) + 2)
+def weight_formats_itl(model: str, formats, context: int, steps: int, ceilings,
+                       rounds: int = 3) -> list[WeightRow]:
+    """Each format's batch-1 decode step on this device against its floor: the median of `rounds`
+    rounds that time every format in turn, so a shared machine's slower minutes fall on all alike."""
+    blocks = -(-(context + steps + 2) // EngineConfig.block_size) + 2
+    llms = {fmt: load(model, fmt, num_kv_blocks=blocks) for fmt in formats}
+    for llm in llms.values():
         decode_step_time(llm, 1, context, 2)  # warm-up: lazy packing, first-call costs
-        itl = decode_step_time(llm, 1, context, steps)
-        nbytes, floor = decode_floor(llm, 1, context, ceilings)
-        rows.append(WeightRow(fmt, nbytes, floor, itl))
-        del llm
-    return rows
+    times = {fmt: [] for fmt in formats}
+    for _ in range(rounds):
+        for fmt, llm in llms.items():
+            times[fmt].append(decode_step_time(llm, 1, context, steps))
+    return [WeightRow(fmt, *decode_floor(llm, 1, context, ceilings), statistics.median(times[fmt]))
+            for fmt, llm in llms.items()]
 
 
 def weights_table(rows: list[WeightRow]) -> Table:
@@ -83,6 +94,9 @@ def prefill_time(llm, prompt_len: int, reps: int = 3) -> float:
     """Median seconds of one prefill step of a prompt_len-token prompt (the whole prompt in one
     step: max_num_batched_tokens must allow it)."""
     engine = engine_of(llm)
+    if engine.config.max_num_batched_tokens < prompt_len:  # else it is chunked and no step is timed
+        raise ValueError(f"prompt_len={prompt_len} is more than this engine's max_num_batched_tokens="
+                         f"{engine.config.max_num_batched_tokens}: one step cannot prefill it")
     times = []
     for seed in range(reps):
         workload = synthetic(1, prompt_len, 1, seed=seed, vocab_size=engine.model_config.vocab_size)
