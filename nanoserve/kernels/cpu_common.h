@@ -65,7 +65,8 @@ inline void to_float<c10::Float8_e4m3fn>(const c10::Float8_e4m3fn* src, float* d
   }
 #endif
   const float* t = table.data();
-  for (; i < n; ++i) dst[i] = t[bits[i]];
+#pragma omp simd
+  for (int64_t j = i; j < n; ++j) dst[j] = t[bits[j]];
 }
 
 // A GEMV's weight stream, kStreamAhead bytes ahead of the row under way, into L1: some cores'

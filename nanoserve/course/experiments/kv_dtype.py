@@ -146,22 +146,29 @@ def decode_step_time(llm, batch: int, context: int, steps: int = 16) -> float:
     return statistics.median(decodes)
 
 
+def alternating_step_times(llms: dict, batch: int, context: int, steps: int, rounds: int) -> dict:
+    """name -> median seconds of a decode step of `batch` sequences at about `context` tokens on
+    each engine of `llms`: `rounds` rounds that time every engine in turn, after a warm-up, so a
+    shared machine's slower minutes fall on all alike."""
+    for llm in llms.values():
+        decode_step_time(llm, batch, context, 2)  # warm-up: lazy packing, first-call costs
+    times = {name: [] for name in llms}
+    for _ in range(rounds):
+        for name, llm in llms.items():
+            times[name].append(decode_step_time(llm, batch, context, steps))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def long_context_steps(model: str, dtype: str, batch: int, context: int, steps: int = 8,
                        rounds: int = 3) -> dict[str, float]:
     """kv_cache_dtype -> median seconds of a decode step of `batch` sequences at about `context`
     tokens, each on an engine whose cache just holds them: a context where attention's K/V reads
-    are a large share of a step's bytes, unlike a short one. Rounds alternate the engines."""
+    are a large share of a step's bytes, unlike a short one."""
     blocks = batch * -(-(context + steps + 2) // EngineConfig.block_size) + 2
     llms = {kv: LLM(model, None, dtype, config=EngineConfig(num_kv_blocks=blocks, kv_cache_dtype=kv,
                                                              max_num_batched_tokens=batch * context))
             for kv in KV_DTYPES}
-    for llm in llms.values():
-        decode_step_time(llm, batch, context, 2)  # warm-up: first-call costs
-    times = {kv: [] for kv in llms}
-    for _ in range(rounds):
-        for kv, llm in llms.items():
-            times[kv].append(decode_step_time(llm, batch, context, steps))
-    return {kv: statistics.median(t) for kv, t in times.items()}
+    return alternating_step_times(llms, batch, context, steps, rounds)
 
 
 def kv_magnitudes(llm: LLM, prompts: list[list[int]]) -> tuple[float, float]:

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 
 from nanoserve.config import EngineConfig
-from nanoserve.course.experiments.kv_dtype import decode_step_time
+from nanoserve.course.experiments.kv_dtype import alternating_step_times
 from nanoserve.course.table import Table
 from nanoserve.engine.llm import LLM, engine_of
 from nanoserve.measure import roofline
@@ -66,18 +66,12 @@ class WeightRow:
 
 def weight_formats_itl(model: str, formats, context: int, steps: int, ceilings,
                        rounds: int = 3) -> list[WeightRow]:
-    """Each format's batch-1 decode step on this device against its floor: the median of `rounds`
-    rounds that time every format in turn, so a shared machine's slower minutes fall on all alike."""
+    """Each format's batch-1 decode step on this device against its floor, the formats timed in
+    alternating rounds (kv_dtype.alternating_step_times)."""
     blocks = -(-(context + steps + 2) // EngineConfig.block_size) + 2
     llms = {fmt: load(model, fmt, num_kv_blocks=blocks) for fmt in formats}
-    for llm in llms.values():
-        decode_step_time(llm, 1, context, 2)  # warm-up: lazy packing, first-call costs
-    times = {fmt: [] for fmt in formats}
-    for _ in range(rounds):
-        for fmt, llm in llms.items():
-            times[fmt].append(decode_step_time(llm, 1, context, steps))
-    return [WeightRow(fmt, *decode_floor(llm, 1, context, ceilings), statistics.median(times[fmt]))
-            for fmt, llm in llms.items()]
+    itl = alternating_step_times(llms, 1, context, steps, rounds)
+    return [WeightRow(fmt, *decode_floor(llm, 1, context, ceilings), itl[fmt]) for fmt, llm in llms.items()]
 
 
 def weights_table(rows: list[WeightRow]) -> Table:
