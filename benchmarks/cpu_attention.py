@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_attention.py            # llama-120m's heads, fp32 and bf16
     python benchmarks/cpu_attention.py --reps 50
+    python benchmarks/cpu_attention.py --dtypes bfloat16,fp8    # fp8: bf16 queries, an e4m3 cache
 
 One layer's decode attention over a paged cache with shuffled blocks (as a long-running server's
 cache is), for a few (sequences x context) shapes. The two implementations alternate call by
@@ -34,25 +35,33 @@ from nanoserve.kernels import cpu_attention  # noqa: E402
 SHAPES = [(64, 320), (1, 128), (1, 2048), (16, 2048)]  # (sequences, context tokens)
 
 
-def inputs(D, L, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=0):
+def dtypes(name: str) -> tuple[torch.dtype, torch.dtype]:
+    """--dtypes name -> (the queries' dtype, the cache's): fp8 is bf16 queries over an e4m3 cache."""
+    return (torch.bfloat16, torch.float8_e4m3fn) if name == "fp8" else (getattr(torch, name),) * 2
+
+
+def inputs(D, L, num_heads, num_kv_heads, head_dim, block_size, dtype_name, seed=0):
     g = torch.Generator().manual_seed(seed)
+    dtype, cache_dtype = dtypes(dtype_name)
     per_seq = -(-L // block_size)
     num_blocks = D * per_seq + 1
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache, v_cache = torch.randn(shape, generator=g).to(dtype), torch.randn(shape, generator=g).to(dtype)
+    k_cache = torch.randn(shape, generator=g).to(cache_dtype)
+    v_cache = torch.randn(shape, generator=g).to(cache_dtype)
     tables = torch.randperm(num_blocks, generator=g)[:D * per_seq].view(D, per_seq).int()
     lens = torch.full((D,), L, dtype=torch.int32)
     qd = torch.randn(D, num_kv_heads, num_heads // num_kv_heads, head_dim, generator=g).to(dtype)
     return qd, torch.empty_like(qd), k_cache, v_cache, tables, lens, lens.tolist(), head_dim ** -0.5
 
 
-def floors(D, L, layers, heads, dtype, reps, block_size=16) -> dict[str, float]:
+def floors(D, L, layers, heads, dtype_name, reps, block_size=16) -> dict[str, float]:
     """Median ms over `layers` layers: the op over each layer's cache (blocks in order, as a
     fresh engine allocates them), the op on cache-resident blocks, and a plain read."""
     num_heads, num_kv_heads, head_dim = heads
+    dtype, cache_dtype = dtypes(dtype_name)
     per_seq = -(-L // block_size)
     shape = (D * per_seq, block_size, num_kv_heads, head_dim)
-    caches = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(layers)]
+    caches = [(torch.randn(shape).to(cache_dtype), torch.randn(shape).to(cache_dtype)) for _ in range(layers)]
     in_order = torch.arange(D * per_seq, dtype=torch.int32).view(D, per_seq)
     resident = torch.arange(per_seq, dtype=torch.int32).repeat(D, 1)  # all on one sequence's blocks
     lens = torch.full((D,), L, dtype=torch.int32)
@@ -63,10 +72,10 @@ def floors(D, L, layers, heads, dtype, reps, block_size=16) -> dict[str, float]:
         for k, v in caches:
             cpu_attention.decode_attention(qd, od, k, v, tables, lens, lens.tolist(), head_dim ** -0.5)
 
-    def read():
+    def read():  # torch sums no fp8: its bytes as int64 (a sum of int8 runs far below memory speed)
         for k, v in caches:
-            k.sum()
-            v.sum()
+            (k.view(torch.int64) if k.element_size() == 1 else k).sum()
+            (v.view(torch.int64) if v.element_size() == 1 else v).sum()
 
     fns = {"op": lambda: op(in_order), "resident": lambda: op(resident), "read": read}
     times = {name: [] for name in fns}
@@ -95,7 +104,7 @@ def main() -> None:
     rows = []
     for dtype_name in args.dtypes.split(","):
         for D, L in SHAPES:
-            a = inputs(D, L, *heads, 16, getattr(torch, dtype_name))
+            a = inputs(D, L, *heads, 16, dtype_name)
             fns = {"reference": lambda: cpu_attention.grouped_decode_attention(*a),
                    "op": lambda: cpu_attention.decode_attention(*a)}
             times = {name: [] for name in fns}
@@ -114,7 +123,7 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     info["floors"], floor_reps = [], max(5, args.reps // 3)
     for dtype_name in args.dtypes.split(","):
-        f = floors(64, 320, args.layers, heads, getattr(torch, dtype_name), floor_reps)
+        f = floors(64, 320, args.layers, heads, dtype_name, floor_reps)
         info["floors"].append(dict(dtype=dtype_name, **{f"{k}_ms": v for k, v in f.items()}))
         print(json.dumps(info["floors"][-1]), flush=True)
     info["load_after"] = os.getloadavg()[0]

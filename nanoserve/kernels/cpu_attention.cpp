@@ -6,10 +6,10 @@
 // and nothing is written but the output; while it computes with one cache block, the next 16 KB
 // of what the thread reads (its K, its V, then the next item's K) is prefetched, a few lines at a
 // time between its arithmetic (BlockStream in cpu_common.h). Scores, softmax and the weighted sum
-// of V run in fp32 whatever the cache's dtype (fp32, bf16, fp16 as the model's; a bf16 cache on a
-// CPU with AVX512-BF16 goes to cpu_attention_bf16.cpp; or fp8 e4m3 beside any model dtype, its
-// k_scale folded into the query and its v_scale into the output, so dequantizing costs a few
-// instructions per eight values read: to_float in cpu_common.h). Work items are spread over
+// of V run in fp32 whatever the cache's dtype (fp32, bf16, fp16 as the model's; or fp8 e4m3 beside
+// any model dtype, its k_scale folded into the query and its v_scale into the output, so
+// dequantizing costs a few instructions per eight values read: to_float in cpu_common.h). bf16
+// queries over a bf16 or fp8 cache on a CPU with AVX512-BF16 go to cpu_attention_bf16.cpp. Work items are spread over
 // torch's own OpenMP threads (at::parallel_for), so the process keeps one thread team.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -27,11 +27,15 @@
 #include "cpu_common.h"
 
 namespace nanoserve {
-// The whole op for bf16 on a CPU with AVX512-BF16 dot products (cpu_attention_bf16.cpp); false,
-// doing nothing, where the library was built without them or head_dim is not a multiple of 32.
+// The whole op for bf16 queries over a bf16 or fp8 cache on a CPU with AVX512-BF16 dot products
+// (cpu_attention_bf16.cpp); false, doing nothing, where the library was built without them (fp8:
+// or without AVX512-VBMI) or head_dim is not a multiple of 32 (fp8: 64).
 bool decode_attention_bf16_dot(const at::Tensor& q, const at::Tensor& out, const at::Tensor& k_cache,
                                const at::Tensor& v_cache, const at::Tensor& block_tables,
-                               const at::Tensor& seq_lens, double scale, int64_t nh);
+                               const at::Tensor& seq_lens, double scale, double k_scale, double v_scale,
+                               int64_t nh);
+// Whether decode_attention_bf16_dot takes an fp8 cache (head_dim a multiple of 64) in this build
+bool reads_fp8_as_bf16();
 }  // namespace nanoserve
 
 namespace {
@@ -165,8 +169,9 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& out, const at:
   // a work item per sequence (its blocks read whole, in order) when there are enough of them
   // to keep every thread busy; else per (sequence, kv head)
   const int64_t nh = D >= 4 * at::get_num_threads() ? kvh : 1, per_seq = kvh / nh;
-  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, T>)
-    if (nanoserve::decode_attention_bf16_dot(q, out, k_cache, v_cache, block_tables, seq_lens, scale, nh))
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    if (nanoserve::decode_attention_bf16_dot(q, out, k_cache, v_cache, block_tables, seq_lens, scale, k_scale,
+                                             v_scale, nh))
       return;
   auto run = hd == 64 ? attend<C, 8> : hd == 128 ? attend<C, 16> : attend<C, 0>;
   const float q_scale = static_cast<float>(scale * k_scale), o_scale = static_cast<float>(v_scale);
@@ -227,4 +232,5 @@ TORCH_LIBRARY(nanoserve_cpu, m) {
   m.def("decode_attention(Tensor q, Tensor(a!) out, Tensor k_cache, Tensor v_cache, "
         "Tensor block_tables, Tensor seq_lens, float scale, float k_scale=1.0, float v_scale=1.0) -> ()",
         &decode_attention);
+  m.def("reads_fp8_as_bf16() -> bool", &nanoserve::reads_fp8_as_bf16);
 }

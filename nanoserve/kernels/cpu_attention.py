@@ -2,8 +2,9 @@
 
 The reference gathers each sequence's K/V blocks into a contiguous copy, then runs SDPA on it:
 every K/V byte crosses memory three times (read, write, read again). The kernel in
-cpu_attention.cpp reads each byte once (a bf16 cache on a CPU with AVX512-BF16 goes to
-cpu_attention_bf16.cpp); benchmarks/cpu_attention.py measures it against the torch path below.
+cpu_attention.cpp reads each byte once (bf16 queries over a bf16 cache, or an fp8 one, on a CPU
+with AVX512-BF16 go to cpu_attention_bf16.cpp); benchmarks/cpu_attention.py measures it against
+the torch path below.
 
 `paged_attention` has the reference's contract: the leading decode rows go to the C++ op in one
 call, and so do the rows of sequences with a few query tokens (a speculative verify, a short
@@ -31,6 +32,16 @@ DECODE_GATHER_BYTES = 4 * 2**20
 # row rereads the K/V (cheap for a few rows), where a per-sequence SDPA call pays a gather and a
 # mask per layer (benchmarks/spec_decode.py: the verify step of speculative decoding)
 MULTI_QUERY_ROWS = 8
+
+
+def fp8_cache_read() -> str:
+    """How decode attention reads an fp8 cache beside bf16 queries on this machine: "bf16 lookup"
+    (cpu_attention_bf16.cpp: each code looked up as its bf16 value in registers, then the bf16
+    cache's dot products, for head_dim a multiple of 64), "fp32 widening" (cpu_attention.cpp: codes
+    converted to fp32 before the arithmetic) or "torch" (no C++ ops: a dequantized copy, then SDPA)."""
+    if not available():
+        return "torch"
+    return "bf16 lookup" if torch.ops.nanoserve_cpu.reads_fp8_as_bf16() else "fp32 widening"
 
 
 def grouped_decode_attention(qd, od, k_cache, v_cache, tables, d_lens, d_lens_cpu, scale,

@@ -1,13 +1,14 @@
 """Build and load nanoserve's C++ CPU kernels: torch.ops.nanoserve_cpu.
 
-The sources: paged decode attention (cpu_attention.cpp, and cpu_attention_bf16.cpp for a bf16
-cache on a CPU with AVX512-BF16; called by cpu_attention.py), a decoder layer's small ops,
-RMSNorm, RoPE, the K/V cache write and the MLP's SiLU-and-mul (cpu_layer_ops.cpp, called by
-cpu_layer_ops.py), the GEMV of linears of a few rows (cpu_gemv.cpp, called by cpu_gemm.py), its
-counterpart over 8-bit weight codes and their dequantization (cpu_quant_gemv.cpp, called by
-cpu_quant_gemm.py), greedy sampling's argmax (cpu_argmax.cpp, called by cpu_argmax.py), and a
-decode step's decoder layers calling those ops from C++ (cpu_decode_layer.cpp, cpu_decode_layer.py);
-cpu_common.h has the helpers they share, cpu_few_rows.h what the two GEMVs share.
+The sources: paged decode attention (cpu_attention.cpp, and cpu_attention_bf16.cpp for bf16
+queries over a bf16 or fp8 cache on a CPU with AVX512-BF16; called by cpu_attention.py), a
+decoder layer's small ops, RMSNorm, RoPE, the K/V cache write and the MLP's SiLU-and-mul
+(cpu_layer_ops.cpp, called by cpu_layer_ops.py), the GEMV of linears of a few rows
+(cpu_gemv.cpp, called by cpu_gemm.py), its counterpart over 8-bit weight codes and their
+dequantization (cpu_quant_gemv.cpp, called by cpu_quant_gemm.py), greedy sampling's argmax
+(cpu_argmax.cpp, called by cpu_argmax.py), and a decode step's decoder layers calling those ops
+from C++ (cpu_decode_layer.cpp, cpu_decode_layer.py); cpu_common.h has the helpers they share,
+cpu_few_rows.h what the two GEMVs share.
 They are built on first use with the machine's C++ compiler against the installed torch's
 headers, into one library in a cache folder keyed by the sources, torch, compiler and CPU, so
 later processes just load it: about 20 s once per machine. Where that cannot happen (no

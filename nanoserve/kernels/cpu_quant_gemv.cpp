@@ -375,39 +375,16 @@ void rows(const int8_t* q, const float* wscale, const int16_t* xq, const float* 
 #endif
 
 #if defined(__AVX512VBMI__) && defined(__AVX512BF16__)
-// fp8 codes times bf16 activations as bf16 dot products. Every e4m3 value, subnormals included, is a
-// normal bf16 number (3 mantissa bits, exponents 2^-9..2^8), so a code is looked up as its value's
-// bf16: two byte permutes over 128-entry tables give the low and high byte (vpermi2b reads seven
-// index bits, the code's magnitude), the code's sign goes into the high byte, and two byte unpacks
-// make words of them. vdpbf16ps then multiplies each pair by x's pair (products exact in fp32) into
-// fp32 sums. Five instructions per 64 codes and two per x row, where widening to fp32 takes five per
-// 8 codes. The unpacks interleave within 128-bit lanes, so x is staged in their order. vdpbf16ps
-// reads subnormal bf16 as zero: an x below 2^-126 counts as zero.
+// fp8 codes times bf16 activations as bf16 dot products: each code looked up as its value's bf16
+// (cpu_common.h's E4m3ToBf16), then vdpbf16ps multiplies each pair by x's pair (products exact in
+// fp32) into fp32 sums. Five instructions per 64 codes and two per x row, where widening to fp32
+// takes five per 8 codes. The lookup's words come in its interleaved order, so x is staged in it.
+// vdpbf16ps reads subnormal bf16 as zero: an x below 2^-126 counts as zero.
 namespace bf16_x {
 
 constexpr int64_t kBlock = 64;
 
-struct Tables {
-  alignas(64) uint8_t lo[128];
-  alignas(64) uint8_t hi[128];
-};
-
-const Tables& tables() {
-  static const Tables t = [] {
-    Tables t;
-    for (int k = 0; k < 128; ++k) {  // bf16 is fp32's top half, exactly here; 0x7f is NaN
-      const float v = static_cast<float>(c10::Float8_e4m3fn(k, c10::Float8_e4m3fn::from_bits()));
-      uint32_t bits;
-      std::memcpy(&bits, &v, sizeof bits);
-      t.lo[k] = static_cast<uint8_t>(bits >> 16);
-      t.hi[k] = static_cast<uint8_t>(bits >> 24);
-    }
-    return t;
-  }();
-  return t;
-}
-
-// n fp32 values of bf16 x (a multiple of kBlock) as bf16 in the unpacks' order: of a block's 64,
+// n fp32 values of bf16 x (a multiple of kBlock) as bf16 in the lookup's order: of a block's 64,
 // the first half of each 16 (lanes 0-3), then the second halves
 void stage(const float* x, int64_t n, uint16_t* xs) {
   const uint32_t* bits = reinterpret_cast<const uint32_t*>(x);
@@ -423,10 +400,7 @@ void stage(const float* x, int64_t n, uint16_t* xs) {
 template <int M>
 void rows(const uint8_t* q, const float* wscale, const uint16_t* xs, float* y, int64_t r0, int64_t r1, int64_t in,
           int64_t out, int64_t group) {
-  const Tables& t = tables();
-  const __m512i lo0 = _mm512_load_si512(t.lo), lo1 = _mm512_load_si512(t.lo + 64);
-  const __m512i hi0 = _mm512_load_si512(t.hi), hi1 = _mm512_load_si512(t.hi + 64);
-  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  const nanoserve::E4m3ToBf16 to_bf16;
   const int64_t groups = in / group;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* qr = q + r * in;
@@ -437,11 +411,8 @@ void rows(const uint8_t* q, const float* wscale, const uint16_t* xs, float* y, i
       for (int m = 0; m < M; ++m) part[m][0] = part[m][1] = _mm512_setzero_ps();
       for (int64_t i = g * group; i < (g + 1) * group; i += kBlock) {
         nanoserve::prefetch_ahead(qr + i);  // once a line
-        const __m512i c = _mm512_loadu_si512(qr + i);
-        const __m512i lo = _mm512_permutex2var_epi8(lo0, c, lo1);
-        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, c, hi1), c, sign, 0xF8);  // a | b & c
-        const __m512bh w0 = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi8(lo, hi));
-        const __m512bh w1 = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi8(lo, hi));
+        __m512bh w0, w1;
+        to_bf16(_mm512_loadu_si512(qr + i), w0, w1);
         for (int m = 0; m < M; ++m) {
           const uint16_t* xm = xs + m * in + i;
           part[m][0] = _mm512_dpbf16_ps(part[m][0], w0, reinterpret_cast<__m512bh>(_mm512_loadu_si512(xm)));

@@ -50,6 +50,27 @@ def test_fp8_attention_is_attention_over_the_dequantized_cache(seqs, kv_heads, g
                                    got, **TOL[torch.float32])
 
 
+@settings(max_examples=20, deadline=None)
+@given(lens=st.lists(st.integers(1, 70), min_size=1, max_size=6), kv_heads=st.sampled_from([1, 2]),
+       group=st.sampled_from([1, 3, 4, 7]), head_dim=st.sampled_from([32, 64, 128, 192]),
+       block_size=st.sampled_from([1, 5, 16, 32]), k_scale=st.sampled_from([1.0, 0.05]),
+       v_scale=st.sampled_from([1.0, 0.25]))
+def test_bf16_queries_over_an_fp8_cache(lens, kv_heads, group, head_dim, block_size, k_scale, v_scale):
+    """bf16 queries: on a CPU with AVX512-BF16 and VBMI the C++ op looks each code up as its bf16
+    value and runs the bf16 kernel's dot products (head_dim a multiple of 64; 32 and 192 check the
+    generic path and a third 64-value chunk); elsewhere the generic path. Either gives the
+    reference's attention over the dequantized cache to bf16's tolerance."""
+    if not cpu_attention.available():
+        pytest.skip("C++ ops not built")
+    q, k, v, attn = paged_batch([(n - 1, 1) for n in lens], kv_heads * group, kv_heads, head_dim,
+                                block_size, torch.bfloat16, "cpu")
+    k8, v8 = quantized(k.float(), v.float(), k_scale, v_scale)
+    scale = head_dim ** -0.5
+    want = reference.paged_attention(q, k8, v8, attn, scale, k_scale, v_scale)
+    got = cpu_attention.paged_attention(q, k8, v8, attn, scale, k_scale, v_scale)
+    torch.testing.assert_close(got.float(), want.float(), **TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_cache_write_stores_k_over_scale_saturated(backend, dtype):
@@ -139,14 +160,30 @@ def test_a_nan_written_to_an_fp8_cache_stays_nan(request, backend):
     assert k8.isnan().sum() == 1 and v8.isnan().sum() == 1
 
 
-def test_every_e4m3_code_is_read_as_its_value(cpu_ops):
-    """One key, so the output is its V row times v_scale exactly; that row holds all 256 codes (two
-    kv heads of 128), subnormals and NaN included: the C++ read converts each as torch does."""
+def test_bf16_queries_read_an_fp8_cache_as_bf16_where_the_cpu_can(cpu_ops):
+    """The build targets this CPU (-march=native): with AVX512-BF16 and AVX512-VBMI the fp8 read is
+    the bf16 lookup. A guard that drops it would pass every numeric test, slower."""
     if not cpu_ops:
         pytest.skip("C++ ops not built")
-    q, k, v, attn = paged_batch([(0, 1)], 2, 2, 128, 16, torch.float32, "cpu")
-    k8, v8 = quantized(k, v, 1.0, 1.0)
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(ln for ln in f if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/cpuinfo flags to check against")
+    both = "avx512_bf16" in flags and "avx512vbmi" in flags
+    assert cpu_attention.fp8_cache_read() == ("bf16 lookup" if both else "fp32 widening")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_e4m3_code_is_read_as_its_value(cpu_ops, dtype):
+    """One key, so the output is its V row times v_scale exactly; that row holds all 256 codes (two
+    kv heads of 128), subnormals and NaN included: the C++ read converts each as torch does (into
+    fp32, or looked up as bf16 for bf16 queries)."""
+    if not cpu_ops:
+        pytest.skip("C++ ops not built")
+    q, k, v, attn = paged_batch([(0, 1)], 2, 2, 128, 16, dtype, "cpu")
+    k8, v8 = quantized(k.float(), v.float(), 1.0, 1.0)
     block = int(attn.block_tables[0, 0])
     v8[block, 0] = torch.arange(256, dtype=torch.uint8).view(FP8).view(2, 128)
     got = cpu_attention.paged_attention(q, k8, v8, attn, 0.1, 1.0, 2.0)
-    torch.testing.assert_close(got[0], v8[block, 0].float() * 2.0, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got[0].float(), v8[block, 0].float() * 2.0, rtol=0, atol=0, equal_nan=True)
