@@ -9,8 +9,9 @@
 // of V run in fp32 whatever the cache's dtype (fp32, bf16, fp16 as the model's; or fp8 e4m3 beside
 // any model dtype, its k_scale folded into the query and its v_scale into the output, so
 // dequantizing costs a few instructions per eight values read: to_float in cpu_common.h). bf16
-// queries over a bf16 or fp8 cache on a CPU with AVX512-BF16 go to cpu_attention_bf16.cpp. Work items are spread over
-// torch's own OpenMP threads (at::parallel_for), so the process keeps one thread team.
+// queries over a bf16 or fp8 cache on a CPU with AVX512-BF16 go to cpu_attention_bf16.cpp. Work
+// items are spread over torch's own OpenMP threads (at::parallel_for), so the process keeps one
+// thread team.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>

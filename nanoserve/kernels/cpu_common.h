@@ -1,7 +1,8 @@
 // Helpers shared by nanoserve's C++ CPU kernels: eight floats as one value (GCC and Clang lower
-// arithmetic on it to AVX2, SSE or NEON, as the CPU has), loads that widen bf16, horizontal sums,
-// e^x, and what both decode-attention ops use: the softmax of score rows, their work items, and the
-// prefetches that keep memory busy while a work item computes.
+// arithmetic on it to AVX2, SSE or NEON, as the CPU has), loads that widen bf16, e4m3 codes read as
+// fp32 or (the fp8 GEMV's and attention's) as bf16, horizontal sums, e^x, and what both
+// decode-attention ops use: the softmax of score rows, their work items, and the prefetches that
+// keep memory busy while a work item computes.
 #pragma once
 
 #include <c10/util/BFloat16.h>

@@ -57,8 +57,8 @@ def test_fp8_attention_is_attention_over_the_dequantized_cache(seqs, kv_heads, g
        v_scale=st.sampled_from([1.0, 0.25]))
 def test_bf16_queries_over_an_fp8_cache(lens, kv_heads, group, head_dim, block_size, k_scale, v_scale):
     """bf16 queries: on a CPU with AVX512-BF16 and VBMI the C++ op looks each code up as its bf16
-    value and runs the bf16 kernel's dot products (head_dim a multiple of 64; 32 and 192 check the
-    generic path and a third 64-value chunk); elsewhere the generic path. Either gives the
+    value and runs the bf16 kernel's dot products (head_dim a multiple of 64: 192 checks a third
+    64-value chunk; 32 takes the generic path); elsewhere the generic path. Either gives the
     reference's attention over the dequantized cache to bf16's tolerance."""
     if not cpu_attention.available():
         pytest.skip("C++ ops not built")
