@@ -86,13 +86,7 @@ struct Fp8Rows {
   using Elem = uint8_t;
   static constexpr int64_t kDims = 64;
   void query(const uint16_t* q, __m512bh* w) const {
-    // word 8k + j of w[0] is q[16k + j], of w[1] q[16k + 8 + j]
-    const __m512i first = _mm512_set_epi16(55, 54, 53, 52, 51, 50, 49, 48, 39, 38, 37, 36, 35, 34, 33, 32,
-                                           23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(8));
-    const __m512i a = _mm512_loadu_si512(q), b = _mm512_loadu_si512(q + 32);
-    w[0] = (__m512bh)_mm512_permutex2var_epi16(a, first, b);
-    w[1] = (__m512bh)_mm512_permutex2var_epi16(a, second, b);
+    nanoserve::E4m3ToBf16::in_order(_mm512_loadu_si512(q), _mm512_loadu_si512(q + 32), w[0], w[1]);
   }
   void key(const uint8_t* k, __m512bh* w) const { to_bf16(_mm512_loadu_si512(k), w[0], w[1]); }
   void value_pair(const uint8_t* a, const uint8_t* b, __m512bh* w) const {

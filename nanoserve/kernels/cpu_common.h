@@ -92,6 +92,15 @@ class E4m3ToBf16 {
     w1 = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi8(lo, hi));
   }
 
+  // 64 bf16 values (a: the first 32, b: the rest) in the order above: the other side of a dot
+  // product with w0 and w1 (word 8k + j of x0 is value 16k + j, of x1 value 16k + 8 + j)
+  static void in_order(__m512i a, __m512i b, __m512bh& x0, __m512bh& x1) {
+    const __m512i first = _mm512_set_epi16(55, 54, 53, 52, 51, 50, 49, 48, 39, 38, 37, 36, 35, 34, 33, 32,
+                                           23, 22, 21, 20, 19, 18, 17, 16, 7, 6, 5, 4, 3, 2, 1, 0);
+    x0 = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, first, b));
+    x1 = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(a, _mm512_add_epi16(first, _mm512_set1_epi16(8)), b));
+  }
+
  private:
   struct Tables {
     alignas(64) uint8_t lo[128];

@@ -384,15 +384,19 @@ namespace bf16_x {
 
 constexpr int64_t kBlock = 64;
 
-// n fp32 values of bf16 x (a multiple of kBlock) as bf16 in the lookup's order: of a block's 64,
-// the first half of each 16 (lanes 0-3), then the second halves
+// n fp32 values of bf16 x (a multiple of kBlock) as bf16 (their top halves, exactly) in the lookup's
+// order (E4m3ToBf16::in_order)
 void stage(const float* x, int64_t n, uint16_t* xs) {
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(x);
-  for (int64_t b = 0; b < n; b += kBlock)
-    for (int half = 0; half < 2; ++half)
-      for (int lane = 0; lane < 4; ++lane)
-        for (int j = 0; j < 8; ++j)
-          xs[b + half * 32 + lane * 8 + j] = static_cast<uint16_t>(bits[b + lane * 16 + half * 8 + j] >> 16);
+  const auto bf16_32 = [](const float* p) {  // 32 values' top halves
+    const auto top = [](const float* q) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_loadu_si512(q), 16)); };
+    return _mm512_inserti64x4(_mm512_castsi256_si512(top(p)), top(p + 16), 1);
+  };
+  for (int64_t b = 0; b < n; b += kBlock) {
+    __m512bh x0, x1;
+    nanoserve::E4m3ToBf16::in_order(bf16_32(x + b), bf16_32(x + b + 32), x0, x1);
+    _mm512_storeu_si512(xs + b, reinterpret_cast<__m512i>(x0));
+    _mm512_storeu_si512(xs + b + 32, reinterpret_cast<__m512i>(x1));
+  }
 }
 
 // Output rows [r0, r1) for M rows of staged x; `group` (a multiple of kBlock) codes share a scale:
