@@ -533,17 +533,9 @@ void dequantize_impl(const at::Tensor& dst, const at::Tensor& q, const at::Tenso
   const float* sp = scale.const_data_ptr<float>();
   T* op = static_cast<T*>(dst.data_ptr());
   at::parallel_for(0, q.size(0), 16, [&](int64_t r0, int64_t r1) {
-    float buf[8];
     for (int64_t r = r0; r < r1; ++r)
-      for (int64_t i = 0; i < in; i += 8) {
-        const vf8 v = Code::load(qp + r * in + i) * (sp[r * groups + i / group] * Code::kScale);
-        if constexpr (std::is_same_v<T, float>) {
-          std::memcpy(op + r * in + i, &v, sizeof v);
-        } else {
-          std::memcpy(buf, &v, sizeof v);
-          for (int k = 0; k < 8; ++k) op[r * in + i + k] = static_cast<T>(buf[k]);
-        }
-      }
+      for (int64_t i = 0; i < in; i += 8)
+        nanoserve::store8(op + r * in + i, Code::load(qp + r * in + i) * (sp[r * groups + i / group] * Code::kScale));
   });
 }
 

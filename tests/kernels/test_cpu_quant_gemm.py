@@ -151,6 +151,19 @@ def test_dequantize_is_the_reference_exactly(method, dtype):
     assert ((every == want) | want.isnan()).all()  # 0x7f/0xff are NaN; the quantizer never writes them
 
 
+def test_dequantize_to_bf16_rounds_as_torch_rounds():
+    """Every int8 code times scales whose products land between two bf16 values, on ties (1 + 2^-8
+    times an odd code), under fp32's smallest normal, past bf16's largest value, and NaN, rounded as
+    torch rounds fp32 to bf16."""
+    codes = torch.arange(-128, 128, dtype=torch.int8).repeat(6, 1)
+    scales = torch.tensor([[1 + 2**-8], [1 + 3 * 2**-9], [0.1], [2**-130], [3.0e36], [float("nan")]])
+    out = torch.empty(6, 256, dtype=torch.bfloat16)
+    torch.ops.nanoserve_cpu.quant_dequantize(out, codes, scales)
+    want = (codes.float() * scales).bfloat16()
+    assert torch.equal(out[:5].view(torch.int16), want[:5].view(torch.int16))
+    assert out[5].isnan().all()  # a NaN's payload is not specified
+
+
 def test_one_buffer_serves_layers_of_any_size_in_turn():
     buffer = cpu_quant_gemm.DequantBuffer(64 * 96)
     layers = [cpu_quant_gemm.QuantizedCpuLinear(*make(o, i, "fp8", None, torch.float32, False, o)[:2],
