@@ -72,7 +72,8 @@ class StepView:
                 d = self.drafts.get(e.request_id, [])
                 shown = repr(decode(d)) if decode and d else str(d)
                 rejected = e.num_draft_tokens - e.num_accepted_tokens
-                what += (f" and checks {e.num_draft_tokens} drafts {shown} at positions "
+                noun = "draft" if e.num_draft_tokens == 1 else "drafts"
+                what += (f" and checks {e.num_draft_tokens} {noun} {shown} at positions "
                          f"{e.start + 1}-{e.start + e.num_draft_tokens}: {e.num_accepted_tokens} "
                          f"accepted, {rejected} rolled back, +{e.num_accepted_tokens + 1} tokens")
             before, after = self.blocks.get(e.request_id, (0, 0))

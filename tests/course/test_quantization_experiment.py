@@ -65,6 +65,20 @@ def test_prefill_time_times_the_whole_prompt_in_one_step_or_refuses():
         qx.prefill_time(llm, 100)
 
 
+def test_prefill_times_time_one_prompt_on_each_engine_whole():
+    times = qx.prefill_times(MODEL, 40)
+    assert list(times) == ["bf16", "int8 weights", "fp8 KV"] and all(t > 0 for t in times.values())
+
+
+def test_the_kv_share_is_the_attentions_bytes_and_halves_with_an_fp8_cache():
+    llms = {kv: qx.load(MODEL, "bfloat16", kv, num_kv_blocks=64) for kv in ("auto", "fp8")}
+    share = {kv: qx.kv_share(llm, 4, 200) for kv, llm in llms.items()}
+    cost = qx.decode_step_cost(llms["auto"], 4, 200)
+    assert share["auto"] == pytest.approx(cost.bytes["attention"] / cost.total_bytes)
+    assert 0 < share["fp8"] < share["auto"] < 1
+    assert qx.kv_share(llms["auto"], 4, 800) > share["auto"]  # more context, more K/V per step
+
+
 def test_the_fp8_cache_holds_twice_the_blocks_of_bf16_in_the_same_memory():
     memory = 3 * 2**17
     rows = [kv_dtype.capacity(kv_dtype.kv_engine(MODEL, "bfloat16", kv, memory), 40)

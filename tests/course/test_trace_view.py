@@ -86,7 +86,8 @@ def test_drafts_checked_accepted_and_rolled_back_are_shown(llm):
     for i, e in checked:
         assert len(t.steps[i].drafts[e.request_id]) == e.num_draft_tokens
         rejected = e.num_draft_tokens - e.num_accepted_tokens
-        assert f"checks {e.num_draft_tokens} drafts" in t.describe(i)
+        noun = "draft" if e.num_draft_tokens == 1 else "drafts"  # near max_tokens only one may fit
+        assert f"checks {e.num_draft_tokens} {noun} " in t.describe(i)
         assert f"{e.num_accepted_tokens} accepted, {rejected} rolled back" in t.describe(i)
     assert t.rollbacks() == sorted({i for i, e in checked if e.num_accepted_tokens < e.num_draft_tokens})
     assert t.steps[-1].free_after == t.num_kv_blocks  # rejected positions' blocks came back too

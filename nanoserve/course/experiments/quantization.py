@@ -41,15 +41,26 @@ def load(model: str, weight_format: str, kv_cache_dtype: str = "auto", **config)
                                                         kv_cache_dtype=kv_cache_dtype, **config))
 
 
-def decode_floor(llm, batch: int, context: int, ceilings) -> tuple[float, float]:
-    """(bytes, seconds) a decode step of `llm` must read at least: its linears' weights and lm_head
-    as they are stored (8-bit codes and their scales, or the model dtype), activations in the model
-    dtype, KV in the cache's (modelled: measure.roofline.step_cost over this device's bandwidth)."""
+def decode_step_cost(llm, batch: int, context: int) -> roofline.StepCost:
+    """What a decode step of `llm` must read at least (modelled: measure.roofline.stored_step_cost):
+    its linears' weights and lm_head as they are stored (8-bit codes and their scales, or the model
+    dtype), activations in the model dtype, KV in the cache's."""
     engine = engine_of(llm)
-    cost = roofline.stored_step_cost(engine.model, engine.model_config,
-                                     roofline.decode_batch(batch, context), engine.dtype.itemsize,
-                                     engine.kv_cache_dtype.itemsize)
+    return roofline.stored_step_cost(engine.model, engine.model_config, roofline.decode_batch(batch, context),
+                                     engine.dtype.itemsize, engine.kv_cache_dtype.itemsize)
+
+
+def decode_floor(llm, batch: int, context: int, ceilings) -> tuple[float, float]:
+    """(bytes, seconds) a decode step of `llm` must read at least, over this device's bandwidth."""
+    cost = decode_step_cost(llm, batch, context)
     return cost.total_bytes, cost.total_bytes / ceilings.bandwidth
+
+
+def kv_share(llm, batch: int, context: int) -> float:
+    """The share of a decode step's bytes (decode_step_cost) that its attention reads: K and V, with
+    the queries and outputs beside them, the only part a cache dtype can change."""
+    cost = decode_step_cost(llm, batch, context)
+    return cost.bytes["attention"] / cost.total_bytes
 
 
 @dataclass
@@ -101,3 +112,16 @@ def prefill_time(llm, prompt_len: int, reps: int = 3) -> float:
             engine.step()
         times += [s.duration for s in engine.trace[first:] if s.num_prefill_tokens == prompt_len]
     return statistics.median(times)
+
+
+def prefill_times(model: str, prompt_len: int) -> dict[str, float]:
+    """prefill_time of one prompt_len-token prompt with bf16 weights, int8 weights and an fp8 cache."""
+    tokens = prompt_len + 8
+    times = {}
+    for name, weight_format, kv in (("bf16", "bfloat16", "auto"), ("int8 weights", "int8", "auto"),
+                                    ("fp8 KV", "bfloat16", "fp8")):
+        llm = load(model, weight_format, kv, num_kv_blocks=-(-tokens // EngineConfig.block_size) + 2,
+                   max_num_batched_tokens=tokens)
+        times[name] = prefill_time(llm, prompt_len)
+        del llm  # one model at a time in memory
+    return times
