@@ -156,16 +156,22 @@ inline vf8 load8(const c10::BFloat16* p) {
   return load_bf16<vf8, vh8, vu8>(p);
 }
 
-// Eight fp32 values stored as bf16, rounded to nearest even on the bits as c10::BFloat16 rounds (NaN
-// stays NaN): a vector's worth of integer ops where the scalar cast costs a branch per value
+// fp32 values' bits (VU: a vector of uint32) rounded to bf16's, in each lane's low half: to nearest
+// even on the bits, as c10::BFloat16 rounds (NaN stays NaN)
+template <typename VU>
+inline VU bf16_rounded_bits(VU u) {
+  const VU nan = (u & 0x7fffffffu) > 0x7f800000u;  // all ones where the value is NaN
+  return ((nan & 0x7fc00000u) | (~nan & (u + (((u >> 16) & 1) + 0x7fffu)))) >> 16;
+}
+
+// Eight fp32 values stored as bf16, rounded as c10::BFloat16 rounds: a vector's worth of integer
+// ops where the scalar cast costs a branch per value
 inline void store8(c10::BFloat16* p, vf8 v) {
   typedef uint16_t vh8 __attribute__((vector_size(16)));
   typedef uint32_t vu8 __attribute__((vector_size(32)));
   vu8 u;
   std::memcpy(&u, &v, sizeof u);
-  const vu8 nan = (u & 0x7fffffffu) > 0x7f800000u;  // all ones where v is NaN
-  u = ((nan & 0x7fc00000u) | (~nan & (u + (((u >> 16) & 1) + 0x7fffu)))) >> 16;
-  const vh8 h = __builtin_convertvector(u, vh8);
+  const vh8 h = __builtin_convertvector(bf16_rounded_bits(u), vh8);
   std::memcpy(p, &h, sizeof h);
 }
 

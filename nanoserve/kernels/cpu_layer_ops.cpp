@@ -49,12 +49,11 @@ inline vf16 widen_bf16(vh16 h) {
 #endif
 }
 
-// v rounded to bf16 (to nearest even, on the bits, as c10::BFloat16 rounds; NaN stays NaN)
+// v rounded to bf16 (cpu_common.h's bf16_rounded_bits)
 inline vh16 bf16_bits(vf16 v) {
   vu16 u;
   std::memcpy(&u, &v, sizeof u);
-  const vu16 nan = (u & 0x7fffffffu) > 0x7f800000u;  // all ones where v is NaN
-  u = ((nan & 0x7fc00000u) | (~nan & ((u + (((u >> 16) & 1) + 0x7fffu)) & 0xffff0000u))) >> 16;
+  u = nanoserve::bf16_rounded_bits(u);
 #if defined(__AVX512F__)
   return (vh16)_mm512_cvtepi32_epi16((__m512i)u);
 #else

@@ -70,7 +70,7 @@ def test_prefill_times_time_one_prompt_on_each_engine_whole():
     assert list(times) == ["bf16", "int8 weights", "fp8 KV"] and all(t > 0 for t in times.values())
 
 
-def test_the_kv_share_is_the_attentions_bytes_and_halves_with_an_fp8_cache():
+def test_the_kv_share_is_the_attentions_bytes_and_shrinks_with_an_fp8_cache():
     llms = {kv: qx.load(MODEL, "bfloat16", kv, num_kv_blocks=64) for kv in ("auto", "fp8")}
     share = {kv: qx.kv_share(llm, 4, 200) for kv, llm in llms.items()}
     cost = qx.decode_step_cost(llms["auto"], 4, 200)

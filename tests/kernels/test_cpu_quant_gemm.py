@@ -153,8 +153,8 @@ def test_dequantize_is_the_reference_exactly(method, dtype):
 
 def test_dequantize_to_bf16_rounds_as_torch_rounds():
     """Every int8 code times scales whose products land between two bf16 values, on ties (1 + 2^-8
-    times an odd code), under fp32's smallest normal, past bf16's largest value, and NaN, rounded as
-    torch rounds fp32 to bf16."""
+    times a power of two), under fp32's smallest normal, past bf16's largest value, and NaN, rounded
+    as torch rounds fp32 to bf16."""
     codes = torch.arange(-128, 128, dtype=torch.int8).repeat(6, 1)
     scales = torch.tensor([[1 + 2**-8], [1 + 3 * 2**-9], [0.1], [2**-130], [3.0e36], [float("nan")]])
     out = torch.empty(6, 256, dtype=torch.bfloat16)
