@@ -1,7 +1,7 @@
 """Fewer bytes per step: batch-1 decode with fp32, bf16, int8 and fp8 weights, on the roofline.
 
     python benchmarks/quantization.py [--models preset:llama-120m,smollm2-135m] [--tokens 96]
-                                      [--rounds 3] [--groups 32]
+                                      [--rounds 3] [--groups 32] [--decode-batches 16,32]
 
 In one run: one pass over llama-120m's linears at batch 1 per kernel variant (the engine's fp32
 and bf16 GEMV, the int8 and fp8 GEMV over codes with a scale per channel and per group of each of
@@ -111,10 +111,16 @@ def gemv_table(rounds: int, groups: list[int]) -> float:
     return bandwidth
 
 
+def without_amx(layer: cpu_quant_gemm.QuantizedCpuLinear) -> cpu_quant_gemm.QuantizedCpuLinear:
+    layer.amx = False
+    return layer
+
+
 def batch_table(batches: list[int], rounds: int, dtype: torch.dtype) -> None:
     """More rows than one or two: the dtype on the engine's oneDNN linear against the 8-bit layers'
-    engine path (QuantizedCpuLinear: the GEMV, torch._weight_int8pack_mm for bf16 int8, or
-    dequantize into a buffer + F.linear), and torch's int8 weight-only matmul at every size."""
+    engine path (QuantizedCpuLinear: the GEMV, on an AMX CPU the tile matmul for bf16, else
+    torch._weight_int8pack_mm for bf16 int8, or dequantize into a buffer + F.linear; on an AMX CPU
+    also the path without it), and torch's int8 weight-only matmul at every size."""
     cfg = preset_config("llama-120m")
     shapes = layer_shapes(cfg) * cfg.num_hidden_layers
     dense = [torch.randn(o, i) * 0.02 for o, i in shapes]
@@ -124,6 +130,9 @@ def batch_table(batches: list[int], rounds: int, dtype: torch.dtype) -> None:
     variants = {f"{name} oneDNN": [cpu_gemm.PackedLinear(w.to(dtype), None) for w in dense],
                 **{f"{m} engine": [cpu_quant_gemm.QuantizedCpuLinear(q, sc, None, buffer)
                                    for q, sc in codes[m]] for m in codes},
+                **{f"{m} engine without AMX": [
+                    without_amx(cpu_quant_gemm.QuantizedCpuLinear(q, sc, None, buffer)) for q, sc in codes[m]]
+                   for m in codes if dtype == torch.bfloat16 and cpu_quant_gemm.amx_available()},
                 "int8 _weight_int8pack_mm": [
                     (lambda x, q=q, sc=sc[:, 0].to(dtype): torch._weight_int8pack_mm(x, q, sc))
                     for q, sc in codes["int8"]]}
@@ -188,12 +197,47 @@ def decode_table(model: str, tokens: int, rounds: int, bandwidth: float,
     return tok_s
 
 
+def batch_decode_table(model: str, batches: list[int], tokens: int, rounds: int) -> None:
+    """Decode at `batches` sequences at once, where the 8-bit linears' rows pass the GEMV's: bf16,
+    int8 and fp8 weights (bf16 activations), and on an AMX CPU the 8-bit ones without its tile
+    matmul (what runs there otherwise), in interleaved rounds."""
+    def engine(q: str | None, amx: bool = True) -> LLM:
+        blocks = max(batches) * ((32 + tokens) // 16 + 2)
+        llm = LLM(model, device="cpu", dtype="bfloat16",
+                  config=EngineConfig(num_kv_blocks=blocks, max_num_seqs=max(batches), quantization=q))
+        for m in llm.engine.model.modules():
+            if isinstance(m, cpu_quant_gemm.QuantizedCpuLinear) and not amx:
+                without_amx(m)
+        return llm
+    llms = {"bf16": engine(None), "int8": engine("int8"), "fp8": engine("fp8")}
+    if cpu_quant_gemm.amx_available():
+        llms |= {f"{q} without AMX": engine(q, amx=False) for q in ("int8", "fp8")}
+    print(f"\n{model}: decode at batch B, 32-token prompts, {tokens} tokens each, step ms (median of "
+          f"{rounds} interleaved rounds; tok/s = B / step)")
+    print("| B | " + " | ".join(llms) + " |\n|---|" + "---|" * len(llms))
+    for b in batches:
+        prompts = [list(range(100 + i, 132 + i)) for i in range(b)]
+        params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+        steps = {name: [] for name in llms}
+        for llm in llms.values():
+            llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))  # warm-up
+        for _ in range(rounds):
+            for name, llm in llms.items():
+                times = [o.metrics.token_times for o in llm.generate(prompts, params)]
+                gaps = [t1 - t0 for t in times for t0, t1 in zip(t[1:], t[2:])]  # after the first decode
+                steps[name].append(statistics.median(gaps))
+        step = [statistics.median(t) for t in steps.values()]
+        cells = [f"{s * 1e3:.1f} ({b / s:.0f} tok/s)" for s in step]
+        print(f"| {b} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="preset:llama-120m,smollm2-135m")
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", default="3,16,64,512", help="rows of the larger-batch table ('' skips it)")
+    ap.add_argument("--decode-batches", default="", help="batch sizes of a decode table per model ('' none)")
     ap.add_argument("--groups", default="32", help="scale group sizes besides per channel of the GEMV "
                     "table's 8-bit codes and the decode table's int8 ('' none)")
     args = ap.parse_args(argv)
@@ -207,6 +251,9 @@ def main(argv=None) -> None:
                 batch_table([int(b) for b in args.batches.split(",")], args.rounds, dtype)
     for model in filter(None, args.models.split(",")):
         decode_table(model, args.tokens, args.rounds, bandwidth, groups)
+        if args.decode_batches:
+            batch_decode_table(model, [int(b) for b in args.decode_batches.split(",")], args.tokens,
+                               args.rounds)
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

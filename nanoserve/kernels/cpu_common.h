@@ -71,22 +71,26 @@ inline void to_float<c10::Float8_e4m3fn>(const c10::Float8_e4m3fn* src, float* d
 }
 
 #if defined(__AVX512VBMI__) && defined(__AVX512BF16__)
-// e4m3 codes as bf16, 64 at a time. Every e4m3 value, subnormals included, is a normal bf16 number
-// (3 mantissa bits, exponents 2^-9..2^8), so a code is looked up as its value's bf16: two byte
-// permutes over 128-entry tables give the low and high byte (vpermi2b reads seven index bits, the
-// code's magnitude), the code's sign goes into the high byte, and two byte unpacks make words of
-// them. The unpacks interleave within 128-bit lanes: of 64 codes, w0 holds codes 16k..16k+7 of
-// each lane k, w1 codes 16k+8..16k+15 (a dot product with them takes its other side in that order).
-class E4m3ToBf16 {
+// 8-bit weight codes as bf16, 64 at a time: e4m3 codes (kInt8 false) or int8 codes (-127..127).
+// Every e4m3 value, subnormals included, is a normal bf16 number (3 mantissa bits, exponents
+// 2^-9..2^8), as is every integer up to 127, so a code is looked up as its value's bf16: two byte
+// permutes over 128-entry tables give the low and high byte (vpermi2b reads seven index bits: the
+// e4m3 code's magnitude bits, or the int8 code's absolute value), the code's sign (bit 7 in both
+// formats) goes into the high byte, and two byte unpacks make words of them. The unpacks interleave
+// within 128-bit lanes: of 64 codes, w0 holds codes 16k..16k+7 of each lane k, w1 codes
+// 16k+8..16k+15 (a dot product with them takes its other side in that order).
+template <bool kInt8>
+class CodeToBf16 {
  public:
-  E4m3ToBf16()
+  CodeToBf16()
       : lo0_(_mm512_load_si512(tables().lo)), lo1_(_mm512_load_si512(tables().lo + 64)),
         hi0_(_mm512_load_si512(tables().hi)), hi1_(_mm512_load_si512(tables().hi + 64)),
         sign_(_mm512_set1_epi8(static_cast<char>(0x80))) {}
 
   void operator()(__m512i codes, __m512bh& w0, __m512bh& w1) const {
-    const __m512i lo = _mm512_permutex2var_epi8(lo0_, codes, lo1_);
-    const __m512i hi_bits = _mm512_permutex2var_epi8(hi0_, codes, hi1_);
+    const __m512i index = kInt8 ? _mm512_abs_epi8(codes) : codes;
+    const __m512i lo = _mm512_permutex2var_epi8(lo0_, index, lo1_);
+    const __m512i hi_bits = _mm512_permutex2var_epi8(hi0_, index, hi1_);
     const __m512i hi = _mm512_ternarylogic_epi32(hi_bits, codes, sign_, 0xF8);  // a | b & c: the sign put in
     w0 = reinterpret_cast<__m512bh>(_mm512_unpacklo_epi8(lo, hi));
     w1 = reinterpret_cast<__m512bh>(_mm512_unpackhi_epi8(lo, hi));
@@ -110,8 +114,8 @@ class E4m3ToBf16 {
   static const Tables& tables() {
     static const Tables t = [] {
       Tables t;
-      for (int k = 0; k < 128; ++k) {  // bf16 is fp32's top half, exactly here; 0x7f is NaN
-        const float v = static_cast<float>(c10::Float8_e4m3fn(k, c10::Float8_e4m3fn::from_bits()));
+      for (int k = 0; k < 128; ++k) {  // bf16 is fp32's top half, exactly here; e4m3's 0x7f is NaN
+        const float v = kInt8 ? static_cast<float>(k) : static_cast<float>(c10::Float8_e4m3fn(k, c10::Float8_e4m3fn::from_bits()));
         uint32_t bits;
         std::memcpy(&bits, &v, sizeof bits);
         t.lo[k] = static_cast<uint8_t>(bits >> 16);
@@ -124,6 +128,8 @@ class E4m3ToBf16 {
 
   __m512i lo0_, lo1_, hi0_, hi1_, sign_;
 };
+using E4m3ToBf16 = CodeToBf16<false>;
+using Int8ToBf16 = CodeToBf16<true>;
 #endif
 
 // A GEMV's weight stream, kStreamAhead bytes ahead of the row under way, into L1: some cores'

@@ -9,9 +9,14 @@ swaps each for a QuantizedCpuLinear:
   cpu_quant_gemv.cpp, which reads the codes and scales directly: a byte per weight, the point of
   quantizing (benchmarks/quantization.py measures its weight-read rate against a float GEMV's).
   Each row is summed as it would be alone, so a verify's rows get a decode's logits;
-- from GEMV_ROWS + 1 to INT8PACK_ROWS rows of bf16 activations over int8 codes with one scale per
-  channel run torch's weight-only int8 matmul (torch._weight_int8pack_mm, the scales in bf16);
-- more rows, and fp8 or grouped codes, dequantize the layer into one buffer the model's layers
+- from GEMV_ROWS + 1 to AMX_ROWS rows of bf16 activations, on a CPU with AMX tiles, run the
+  matmul of cpu_quant_gemv.cpp that widens the codes a panel of 16 output rows at a time into a
+  buffer that stays in cache and multiplies it on the tiles (both formats, any scale groups of a
+  multiple of 16 values);
+- elsewhere, from GEMV_ROWS + 1 to INT8PACK_ROWS rows of bf16 activations over int8 codes with one
+  scale per channel run torch's weight-only int8 matmul (torch._weight_int8pack_mm, the scales in
+  bf16);
+- more rows, and (without AMX) fp8 or grouped codes, dequantize the layer into one buffer the model's layers
   share (the largest layer's size, allocated once), then run F.linear on it: a prefill chunk's
   matmul does enough arithmetic per weight that the extra pass over the weight costs little.
 
@@ -20,6 +25,8 @@ Its state_dict keeps `qweight`, `weight_scale` (and `bias`). Activations other t
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +41,7 @@ from nanoserve.kernels.quantization import is_quantized_linear, quantized_linear
 # (its fp32 kernel is many times slower than the GEMV or a dequantized matmul), nor do more rows
 # (benchmarks/quantization.py, rows tables)
 INT8PACK_ROWS = 64
+AMX_ROWS = 64  # four of the tile unit's 16-row accumulators (cpu_quant_gemv.cpp's amx)
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -41,6 +49,12 @@ def _takes(qweight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
     """Can the C++ ops read these codes (groups of a multiple of 8 values, a vector's width)?"""
     return qweight.dim() == 2 and qweight.shape[1] % weight_scale.shape[1] == 0 and \
         (qweight.shape[1] // weight_scale.shape[1]) % 8 == 0
+
+
+@functools.cache
+def amx_available() -> bool:
+    """Was cpu_quant_gemv.cpp built with AMX, and does the OS hand out the tiles?"""
+    return bool(torch.ops.nanoserve_cpu.quant_amx_available())
 
 
 class DequantBuffer:
@@ -72,6 +86,8 @@ class QuantizedCpuLinear(nn.Module):
         self.int8pack = (qweight.dtype == torch.int8 and weight_scale.shape[1] == 1
                          and self.in_features % 32 == 0)
         self.int8pack_scale = None  # the per-channel scales in bf16, for _weight_int8pack_mm, made once
+        self.amx = (amx_available() and self.in_features % 32 == 0
+                    and (self.in_features // weight_scale.shape[1]) % 16 == 0)
 
     def _runs_on(self, x_dtype: torch.dtype) -> bool:
         """Do the C++ paths take these activations (else the reference)?"""
@@ -92,7 +108,12 @@ class QuantizedCpuLinear(nn.Module):
             y = x.new_empty(rows, self.out_features)
             torch.ops.nanoserve_cpu.quant_gemv(y, x.reshape(rows, -1).contiguous(), *operands)
             return y.view(*x.shape[:-1], self.out_features)
-        if self.int8pack and x.dtype == torch.bfloat16 and rows <= INT8PACK_ROWS:  # past the GEMV's rows
+        if self.amx and x.dtype == torch.bfloat16 and rows <= AMX_ROWS:  # past the GEMV's rows
+            y = x.new_empty(rows, self.out_features)
+            torch.ops.nanoserve_cpu.quant_amx_linear(y, x.reshape(rows, -1).contiguous(), self.qweight,
+                                                     self.weight_scale, self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
+        if self.int8pack and x.dtype == torch.bfloat16 and rows <= INT8PACK_ROWS:
             if self.int8pack_scale is None:
                 self.int8pack_scale = self.weight_scale[:, 0].to(torch.bfloat16)
             y = torch._weight_int8pack_mm(x.reshape(rows, -1).contiguous(), self.qweight, self.int8pack_scale)

@@ -1,6 +1,7 @@
 // Linear layers over 8-bit weight codes on a CPU (kernels/quantization.py defines the formats):
-// the GEMV of a few rows reading the codes and scales directly, and the dequantization of a
-// layer into a buffer (for batches of more rows, which then run a float matmul on it).
+// the GEMV of a few rows reading the codes and scales directly, on CPUs with AMX a matmul for up to
+// 64 rows on the tile unit (amx below), and the dequantization of a layer into a buffer (for
+// batches of more rows, which then run a float matmul on it).
 //
 // A row's weight is int8 or fp8 e4m3 codes with an fp32 scale per group of input values (one group:
 // per-output-channel scales; 32: GGUF's Q8_0 blocks). The GEMV streams the codes as cpu_gemv.cpp
@@ -23,11 +24,18 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "cpu_common.h"
 #include "cpu_few_rows.h"
@@ -37,6 +45,12 @@
 // loop was slower (benchmarks/quantization.py, results in benchmarks/results/)
 #if defined(__AVX512F__) && defined(__F16C__) && !defined(NANOSERVE_SPLIT512)
 #define WIDE16
+#endif
+
+// The AMX matmul over codes (amx below) widens sixteen codes a vector, as WIDE16's GEMV does
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512VBMI__) && \
+    defined(WIDE16)
+#define NANOSERVE_AMX
 #endif
 
 namespace {
@@ -551,10 +565,230 @@ void quant_dequantize(const at::Tensor& dst, const at::Tensor& q, const at::Tens
              : dequantize_impl<c10::BFloat16, Int8Code>(dst, q, scale);
 }
 
+
+#if defined(NANOSERVE_AMX)
+// More rows than the GEMV's, bf16 activations, on a CPU with AMX: a matmul on the tile unit that
+// widens the weight a panel of 16 output rows at a time into a buffer that stays in cache, where
+// quant_dequantize writes the whole layer to memory and oneDNN then repacks it every call. One
+// scale a row: the codes looked up as their bf16 values (CodeToBf16, exact), each row's sums times
+// its scale at the end; grouped scales: each weight dequantized as the reference does. The panel
+// is tile A (16 output rows x 32 inputs), x is tile B (VNNI order: row j holds inputs 2j and 2j + 1
+// of 16 x rows, in the panel's input order), so tile C is 16 output rows x 16 x rows of fp32 sums:
+// y transposed, put back as it is written. At 16-64 rows the tile loads and the widening cost
+// about alike (benchmarks/quantization.py's rows table).
+namespace amx {
+
+constexpr int64_t kTile = 16;    // rows of a tile; also the x rows of one B tile
+constexpr int64_t kK = 32;       // bf16 inputs in a tile row (64 bytes)
+constexpr int64_t kMaxRows = 64; // x rows a call takes: four C tiles
+
+// Linux gives a process the tile registers only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); asked once
+bool permitted() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return ok;
+}
+
+// Every tile 16 rows of 64 bytes: C tiles 0-3, A tile 4, B tiles 5 and 6
+void configure() {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } cfg;
+  for (int t = 0; t < 7; ++t) cfg.colsb[t] = 64, cfg.rows[t] = kTile;
+  _tile_loadconfig(&cfg);
+}
+
+// A 16 x 16 matrix of 32-bit values (v[i]: row i) transposed in place
+void transpose16(__m512 v[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {  // pairs of rows interleaved within each 128-bit lane
+    t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // v[i + k], lane L: column 4L + k of rows i..i+3
+    v[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    v[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+    v[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    v[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {  // column 4L + k: lane L of v[k], v[4 + k], v[8 + k], v[12 + k]
+    const __m512 u0 = _mm512_shuffle_f32x4(v[k], v[4 + k], 0x44), u1 = _mm512_shuffle_f32x4(v[k], v[4 + k], 0xEE);
+    const __m512 u2 = _mm512_shuffle_f32x4(v[8 + k], v[12 + k], 0x44), u3 = _mm512_shuffle_f32x4(v[8 + k], v[12 + k], 0xEE);
+    t[k] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+    t[4 + k] = _mm512_shuffle_f32x4(u0, u2, 0xDD);
+    t[8 + k] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+    t[12 + k] = _mm512_shuffle_f32x4(u1, u3, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) v[i] = t[i];
+}
+
+// x (M rows of `in` bf16 values) as B tiles: for x-row tile t and input step s, 16 rows (j) of
+// 16 x rows' pairs (inputs 2j and 2j + 1 of the step's 32): the transpose of the x rows' pairs;
+// rows past M zeros. A step's 32 inputs are s * 32.. in order, or, for weights widened by
+// CodeToBf16 (`lookup`), that conversion's order: steps 2b and 2b + 1 hold its w0 and w1 of
+// inputs 64b..64b + 63
+template <typename Lookup>
+void stage(const uint16_t* x, int64_t M, int64_t in, uint16_t* xv, bool lookup) {
+  const int64_t steps = in / kK;
+  for (int64_t t = 0; t * kTile < M; ++t)
+    for (int64_t s = 0; s < steps; s += 2) {
+      __m512 v[2][kTile];
+      for (int64_t m = 0; m < kTile; ++m) {
+        const uint16_t* row = x + (t * kTile + m) * in + s * kK;
+        if (t * kTile + m >= M) {
+          v[0][m] = v[1][m] = _mm512_setzero_ps();
+        } else if (lookup) {
+          __m512bh x0, x1;
+          Lookup::in_order(_mm512_loadu_si512(row), _mm512_loadu_si512(row + kK), x0, x1);
+          v[0][m] = reinterpret_cast<__m512>(x0), v[1][m] = reinterpret_cast<__m512>(x1);
+        } else {
+          v[0][m] = _mm512_loadu_ps(row);
+          v[1][m] = s + 1 < steps ? _mm512_loadu_ps(row + kK) : _mm512_setzero_ps();
+        }
+      }
+      for (int64_t h = 0; h < 2 && s + h < steps; ++h) {
+        transpose16(v[h]);
+        for (int64_t j = 0; j < kTile; ++j) _mm512_storeu_ps(xv + ((t * steps + s + h) * kTile + j) * kK, v[h][j]);
+      }
+    }
+}
+
+// One row of `in` codes (a multiple of 32; groups of a multiple of 16) times their groups' scales
+// as bf16, rounded to nearest even (a weight under fp32's normal range becomes zero, as the tiles
+// would read it)
+template <typename Code>
+void dequantize_row16(uint16_t* dst, const uint8_t* q, const float* scale, int64_t in, int64_t group) {
+  for (int64_t i = 0; i < in; i += 32) {
+    const __m512 lo = _mm512_mul_ps(Code::load16(q + i), _mm512_set1_ps(scale[i / group] * Code::kScale));
+    const __m512 hi = _mm512_mul_ps(Code::load16(q + i + 16), _mm512_set1_ps(scale[(i + 16) / group] * Code::kScale));
+    _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+}
+
+// C tiles 0..T-1 = the panel (16 rows of `in` bf16, `in` apart) times the staged x, stored at c
+template <int T>
+void panel(const uint16_t* a, const uint16_t* xv, int64_t in, float* c) {
+  const int64_t steps = in / kK;
+  _tile_zero(0);
+  if constexpr (T > 1) _tile_zero(1);
+  if constexpr (T > 2) _tile_zero(2);
+  if constexpr (T > 3) _tile_zero(3);
+  const auto b = [&](int64_t t, int64_t s) { return xv + (t * steps + s) * kTile * kK; };
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, a + s * kK, in * 2);
+    _tile_loadd(5, b(0, s), 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (T > 1) { _tile_loadd(6, b(1, s), 64); _tile_dpbf16ps(1, 4, 6); }
+    if constexpr (T > 2) { _tile_loadd(5, b(2, s), 64); _tile_dpbf16ps(2, 4, 5); }
+    if constexpr (T > 3) { _tile_loadd(6, b(3, s), 64); _tile_dpbf16ps(3, 4, 6); }
+  }
+  _tile_stored(0, c, 64);
+  if constexpr (T > 1) _tile_stored(1, c + kTile * kTile, 64);
+  if constexpr (T > 2) _tile_stored(2, c + 2 * kTile * kTile, 64);
+  if constexpr (T > 3) _tile_stored(3, c + 3 * kTile * kTile, 64);
+}
+
+// One row of `in` codes (a multiple of 64) as their values in bf16, in CodeToBf16's order
+template <typename Lookup>
+void lookup_row(const Lookup& to_bf16, uint16_t* dst, const uint8_t* q, int64_t in) {
+  for (int64_t i = 0; i < in; i += 64) {
+    __m512bh w0, w1;
+    to_bf16(_mm512_loadu_si512(q + i), w0, w1);
+    _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(w0));
+    _mm512_storeu_si512(dst + i + kK, reinterpret_cast<__m512i>(w1));
+  }
+}
+
+template <typename Code, typename Lookup>
+void linear(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+            const std::optional<at::Tensor>& bias) {
+  const int64_t M = x.size(0), in = x.size(1), out = q.size(0), groups = scale.size(1), group = in / groups;
+  const int64_t tiles = (M + kTile - 1) / kTile;
+  // one scale a row: the codes looked up as bf16 (exact) and each row's sums times its scale, as
+  // the GEMV does; else each weight dequantized as the reference does (a multiply, rounded)
+  const bool lookup = groups == 1 && in % 64 == 0;
+  std::vector<uint16_t> xv(tiles * kTile * in);
+  stage<Lookup>(static_cast<const uint16_t*>(x.const_data_ptr()), M, in, xv.data(), lookup);
+  const uint8_t* qp = static_cast<const uint8_t*>(q.const_data_ptr());
+  const float* sp = scale.const_data_ptr<float>();
+  auto* yp = static_cast<c10::BFloat16*>(y.data_ptr());
+  const c10::BFloat16* bp = bias ? bias->const_data_ptr<c10::BFloat16>() : nullptr;
+  constexpr decltype(&panel<1>) by_tiles[] = {panel<1>, panel<2>, panel<3>, panel<4>};
+  at::parallel_for(0, (out + kTile - 1) / kTile, 1, [&](int64_t p0, int64_t p1) {
+    const Lookup to_bf16;
+    thread_local std::vector<uint16_t> a;
+    if (static_cast<int64_t>(a.size()) < kTile * in) a.resize(kTile * in);
+    alignas(64) float c[kMaxRows / kTile][kTile][kTile];
+    alignas(64) float sums[kTile];
+    configure();
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t r0 = p * kTile, rows = std::min(kTile, out - r0);
+      for (int64_t r = 0; r < rows; ++r) {
+        if (lookup)
+          lookup_row(to_bf16, a.data() + r * in, qp + (r0 + r) * in, in);
+        else
+          dequantize_row16<Code>(a.data() + r * in, qp + (r0 + r) * in, sp + (r0 + r) * groups, in, group);
+      }
+      if (rows < kTile) std::fill(a.begin() + rows * in, a.begin() + kTile * in, 0);
+      by_tiles[tiles - 1](a.data(), xv.data(), in, &c[0][0][0]);
+      const __m512 row_scale = lookup ? _mm512_maskz_loadu_ps((1u << rows) - 1, sp + r0) : _mm512_set1_ps(1.f);
+      for (int64_t t = 0; t < tiles; ++t) {  // tile t's column m: x row 16t + m's 16 outputs
+        __m512 v[kTile];
+        for (int64_t r = 0; r < kTile; ++r) v[r] = _mm512_load_ps(c[t][r]);
+        transpose16(v);
+        for (int64_t m = 0; m < kTile && t * kTile + m < M; ++m) {
+          _mm512_store_ps(sums, _mm512_mul_ps(v[m], row_scale));
+          nanoserve::finish_rows(yp + (t * kTile + m) * out + r0, sums, bp ? bp + r0 : nullptr, 0, rows);
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+
+}  // namespace amx
+#endif
+
+// Can quant_amx_linear run here (built with AMX, and the OS hands out the tiles)?
+bool quant_amx_available() {
+#if defined(NANOSERVE_AMX)
+  return amx::permitted();
+#else
+  return false;
+#endif
+}
+
+// y = x W^T (+ bias) for 1..64 rows of bf16 x on the tile unit: with one scale a row (and inputs a
+// multiple of 64) each row's fp32 sum over its codes times its scale, as the GEMV; else W the codes
+// times their scales rounded to bf16 as quant_dequantize rounds them; then the bias, rounded once
+void quant_amx_linear(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                      const std::optional<at::Tensor>& bias) {
+  check_codes(q, scale, "quant_amx_linear");
+  TORCH_CHECK(quant_amx_available(), "quant_amx_linear: this CPU or build has no AMX tiles");
+  TORCH_CHECK((q.size(1) / scale.size(1)) % 16 == 0, "quant_amx_linear: scale groups must be a multiple of 16 values");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16 &&
+              x.size(0) >= 1 && x.size(0) <= 64 && x.size(1) == q.size(1) && x.size(1) % 32 == 0,
+              "quant_amx_linear: x must be (rows, in) contiguous bf16, 1 <= rows <= 64, in a multiple of 32, got ",
+              x.sizes());
+  TORCH_CHECK(y.is_contiguous() && y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == q.size(0) &&
+              y.scalar_type() == at::kBFloat16, "quant_amx_linear: y must be a contiguous (rows, out) bf16 tensor");
+  TORCH_CHECK(!bias || (bias->is_contiguous() && bias->dim() == 1 && bias->size(0) == q.size(0) &&
+                        bias->scalar_type() == at::kBFloat16), "quant_amx_linear: bias must be (out,) bf16");
+#if defined(NANOSERVE_AMX)
+  return is_fp8(q) ? amx::linear<Fp8Code, nanoserve::E4m3ToBf16>(y, x, q, scale, bias)
+                   : amx::linear<Int8Code, nanoserve::Int8ToBf16>(y, x, q, scale, bias);
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(nanoserve_cpu, m) {
   m.def("quant_gemv(Tensor(a!) y, Tensor x, Tensor qweight, Tensor weight_scale, Tensor? bias) -> ()",
         &quant_gemv);
   m.def("quant_dequantize(Tensor(a!) out, Tensor qweight, Tensor weight_scale) -> ()", &quant_dequantize);
+  m.def("quant_amx_linear(Tensor(a!) y, Tensor x, Tensor qweight, Tensor weight_scale, Tensor? bias) -> ()",
+        &quant_amx_linear);
+  m.def("quant_amx_available() -> bool", &quant_amx_available);
 }

@@ -6,8 +6,10 @@ another order, 1e-5 S. bf16: the reference rounds each dequantized weight to bf1
 the GEMV keeps it in fp32, and both round the output once (2^-8 relative), so 2^-8 S + 2^-7 |y|.
 int8 codes times bf16 x on x86 take x as 16-bit integers in blocks of 32 (cpu_quant_gemv.cpp's
 int16_x): each x value off by at most 2^-15 of its block's largest magnitude B, so + 2^-15 B @ |W|^T.
-Dequantization into the buffer is the reference's arithmetic (code * scale in fp32, rounded once):
-equal exactly, for every one of the 256 fp8 codes too.
+The AMX matmul (cpu_quant_gemv.cpp's amx) sums as the GEMV does (one scale a row: the codes exact
+in bf16, the scale on the fp32 sum) or multiplies in the reference's bf16 weights (grouped scales):
+within the same bounds. Dequantization into the buffer is the reference's arithmetic (code * scale
+in fp32, rounded once): equal exactly, for every one of the 256 fp8 codes too.
 """
 
 from __future__ import annotations
@@ -202,18 +204,75 @@ def test_a_gemv_row_does_not_depend_on_the_rows_beside_it(method, group, dtype):
         assert torch.equal(y, alone[:m]), m
 
 
+def amx(x, q, s, b=None):
+    y = torch.empty(x.shape[0], q.shape[0], dtype=x.dtype)
+    torch.ops.nanoserve_cpu.quant_amx_linear(y, x, q, s, b)
+    return y
+
+
+needs_amx = pytest.mark.skipif(not cpu_build.available() or not cpu_quant_gemm.amx_available(),
+                               reason="no AMX tiles on this CPU (or in this build)")
+
+
+@needs_amx
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 64), inp=st.sampled_from([32, 64, 96, 576]), out=st.sampled_from([1, 16, 31, 129]),
+       method=st.sampled_from(["int8", "fp8"]), group=st.sampled_from([None, 16, 32]), bias=st.booleans(),
+       seed=st.integers(0, 999))
+def test_the_amx_matmul_matches_the_reference(rows, inp, out, method, group, bias, seed):
+    """Partial tiles of x rows and of output rows; per-channel codes looked up as bf16 (inputs a
+    multiple of 64) or dequantized as the reference does (else, and every grouped case)."""
+    q, s, b = make(out, inp, method, group, torch.bfloat16, bias, seed)
+    x = torch.randn(rows, inp, generator=torch.Generator().manual_seed(seed + 1)).bfloat16()
+    ok, err = within(amx(x, q, s, b), x, q, s, b)
+    assert ok, f"max error {err:.3g}"
+
+
+@needs_amx
+@pytest.mark.parametrize("method", ["int8", "fp8"])
+@pytest.mark.parametrize("group", [None, 32])
+def test_an_amx_row_does_not_depend_on_the_rows_beside_it(method, group):
+    q, s, b = make(300, 576, method, group, torch.bfloat16, True, 3)
+    x = torch.randn(64, 576).bfloat16()
+    full = amx(x, q, s, b)
+    for m in (1, 9, 16, 17, 40):
+        assert torch.equal(amx(x[:m].contiguous(), q, s, b), full[:m]), m
+
+
+def test_the_amx_matmul_refuses_what_it_cannot_take():
+    q, s, _ = make(48, 64, "int8", None, torch.bfloat16, False, 1)
+    x = torch.randn(9, 64).bfloat16()
+    if not cpu_quant_gemm.amx_available():
+        with pytest.raises(RuntimeError, match="no AMX tiles"):
+            amx(x, q, s)
+        return
+    with pytest.raises(RuntimeError, match="1 <= rows <= 64"):
+        amx(torch.randn(65, 64).bfloat16(), q, s)
+    with pytest.raises(RuntimeError, match="contiguous bf16"):
+        amx(x.float(), q, s)
+    q8, s8, _ = make(48, 64, "int8", 8, torch.bfloat16, False, 1)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        amx(x, q8, s8)
+    q48, s48, _ = make(48, 48, "fp8", None, torch.bfloat16, False, 1)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        amx(torch.randn(9, 48).bfloat16(), q48, s48)
+
+
 @pytest.mark.parametrize("dtype,rows,want", [
     (torch.bfloat16, 1, "gemv"), (torch.bfloat16, 3, "gemv"), (torch.bfloat16, 8, "gemv"),
     (torch.bfloat16, 9, "int8pack"), (torch.bfloat16, 64, "int8pack"), (torch.bfloat16, 65, "dequantize"),
     (torch.float32, 1, "gemv"), (torch.float32, 8, "gemv"), (torch.float32, 9, "dequantize")])
 def test_each_batch_goes_to_its_kernel(dtype, rows, want, monkeypatch):
-    """int8 per channel: the GEMV up to GEMV_ROWS (a verify's rows as decode's); then torch's int8
-    matmul for bf16 activations (its fp32 kernel is slow) up to INT8PACK_ROWS, else dequantized."""
+    """int8 per channel: the GEMV up to GEMV_ROWS (a verify's rows as decode's); then, for bf16
+    activations, the AMX matmul up to AMX_ROWS where the CPU has AMX, else torch's int8 matmul (its
+    fp32 kernel is slow) up to INT8PACK_ROWS; else dequantized."""
+    if want == "int8pack" and cpu_quant_gemm.amx_available():
+        want = "amx"
     q, s, _ = make(48, 64, "int8", None, dtype, False, 1)
     layer = cpu_quant_gemm.QuantizedCpuLinear(q, s, None, cpu_quant_gemm.DequantBuffer(q.numel()))
     calls = []
-    for name, ns in (("gemv", torch.ops.nanoserve_cpu), ("dequantize", torch.ops.nanoserve_cpu)):
-        op = "quant_gemv" if name == "gemv" else "quant_dequantize"
+    for name, op in (("gemv", "quant_gemv"), ("dequantize", "quant_dequantize"), ("amx", "quant_amx_linear")):
+        ns = torch.ops.nanoserve_cpu
         real = getattr(ns, op)
         monkeypatch.setattr(ns, op, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     real_mm = torch._weight_int8pack_mm
