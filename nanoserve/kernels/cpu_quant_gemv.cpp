@@ -574,8 +574,8 @@ void quant_dequantize(const at::Tensor& dst, const at::Tensor& q, const at::Tens
 // its scale at the end; grouped scales: each weight dequantized as the reference does. The panel
 // is tile A (16 output rows x 32 inputs), x is tile B (VNNI order: row j holds inputs 2j and 2j + 1
 // of 16 x rows, in the panel's input order), so tile C is 16 output rows x 16 x rows of fp32 sums:
-// y transposed, put back as it is written. At 16-64 rows the tile loads and the widening cost
-// about alike (benchmarks/quantization.py's rows table).
+// y transposed, put back as it is written. The tile loads and products, and the widening, bound it
+// (benchmarks/quantization.py's rows table measures it against the paths it replaces).
 namespace amx {
 
 constexpr int64_t kTile = 16;    // rows of a tile; also the x rows of one B tile
