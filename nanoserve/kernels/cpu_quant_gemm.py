@@ -86,8 +86,10 @@ class QuantizedCpuLinear(nn.Module):
         self.int8pack = (qweight.dtype == torch.int8 and weight_scale.shape[1] == 1
                          and self.in_features % 32 == 0)
         self.int8pack_scale = None  # the per-channel scales in bf16, for _weight_int8pack_mm, made once
+        # the tiles' lookup of int8 codes holds -127..127 (quantize_weight's range), not -128
         self.amx = (amx_available() and self.in_features % 32 == 0
-                    and (self.in_features // weight_scale.shape[1]) % 16 == 0)
+                    and (self.in_features // weight_scale.shape[1]) % 16 == 0
+                    and not (qweight.dtype == torch.int8 and bool((qweight == -128).any())))
 
     def _runs_on(self, x_dtype: torch.dtype) -> bool:
         """Do the C++ paths take these activations (else the reference)?"""

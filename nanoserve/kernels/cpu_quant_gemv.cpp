@@ -761,8 +761,9 @@ bool quant_amx_available() {
 }
 
 // y = x W^T (+ bias) for 1..64 rows of bf16 x on the tile unit: with one scale a row (and inputs a
-// multiple of 64) each row's fp32 sum over its codes times its scale, as the GEMV; else W the codes
-// times their scales rounded to bf16 as quant_dequantize rounds them; then the bias, rounded once
+// multiple of 64) each row's fp32 sum over its codes times its scale, as the GEMV (int8 codes
+// -127..127: the lookup reads -128 as -0); else W the codes times their scales rounded to bf16 as
+// quant_dequantize rounds them; then the bias, rounded once
 void quant_amx_linear(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                       const std::optional<at::Tensor>& bias) {
   check_codes(q, scale, "quant_amx_linear");

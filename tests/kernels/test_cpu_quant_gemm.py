@@ -239,6 +239,18 @@ def test_an_amx_row_does_not_depend_on_the_rows_beside_it(method, group):
         assert torch.equal(amx(x[:m].contiguous(), q, s, b), full[:m]), m
 
 
+def test_an_int8_code_of_minus_128_keeps_its_layer_off_the_tiles():
+    """quantize_weight never writes -128; codes from elsewhere may, and the tiles' lookup cannot
+    hold it, so such a layer runs another path, and right."""
+    q, s, _ = make(48, 64, "int8", None, torch.bfloat16, False, 1)
+    q[3, 5] = -128
+    layer = cpu_quant_gemm.QuantizedCpuLinear(q, s, None, cpu_quant_gemm.DequantBuffer(q.numel()))
+    assert not layer.amx
+    x = torch.randn(16, 64).bfloat16()
+    ok, err = within(layer(x), x, q, s, None)
+    assert ok, err
+
+
 def test_the_amx_matmul_refuses_what_it_cannot_take():
     q, s, _ = make(48, 64, "int8", None, torch.bfloat16, False, 1)
     x = torch.randn(9, 64).bfloat16()
