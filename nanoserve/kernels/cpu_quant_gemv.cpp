@@ -539,6 +539,23 @@ void quant_gemv(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, c
              : gemv_impl<c10::BFloat16, Int8Code>(y, x, q, scale, bias);
 }
 
+// One row of `in` codes times their groups' scales into dst (fp32, or bf16 rounded to nearest even
+// as torch rounds), sixteen at a time into bf16 on WIDE16's CPUs
+template <typename Code, typename T>
+void dequantize_row(T* dst, const uint8_t* q, const float* scale, int64_t in, int64_t group) {
+  int64_t i = 0;
+#if defined(WIDE16)
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    for (; group % 16 == 0 && i < in; i += 16) {
+      typedef uint32_t vu16 __attribute__((vector_size(64)));
+      const __m512 v = _mm512_mul_ps(Code::load16(q + i), _mm512_set1_ps(scale[i / group] * Code::kScale));
+      const vu16 bits = nanoserve::bf16_rounded_bits(reinterpret_cast<vu16>(v));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(reinterpret_cast<__m512i>(bits)));
+    }
+#endif
+  for (; i < in; i += 8) nanoserve::store8(dst + i, Code::load(q + i) * (scale[i / group] * Code::kScale));
+}
+
 // out = dequantized codes, (out, in) in out's dtype (fp32 or bf16, rounded to nearest even)
 template <typename T, typename Code>
 void dequantize_impl(const at::Tensor& dst, const at::Tensor& q, const at::Tensor& scale) {
@@ -547,9 +564,7 @@ void dequantize_impl(const at::Tensor& dst, const at::Tensor& q, const at::Tenso
   const float* sp = scale.const_data_ptr<float>();
   T* op = static_cast<T*>(dst.data_ptr());
   at::parallel_for(0, q.size(0), 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t i = 0; i < in; i += 8)
-        nanoserve::store8(op + r * in + i, Code::load(qp + r * in + i) * (sp[r * groups + i / group] * Code::kScale));
+    for (int64_t r = r0; r < r1; ++r) dequantize_row<Code>(op + r * in, qp + r * in, sp + r * groups, in, group);
   });
 }
 
@@ -564,7 +579,6 @@ void quant_dequantize(const at::Tensor& dst, const at::Tensor& q, const at::Tens
   return fp8 ? dequantize_impl<c10::BFloat16, Fp8Code>(dst, q, scale)
              : dequantize_impl<c10::BFloat16, Int8Code>(dst, q, scale);
 }
-
 
 #if defined(NANOSERVE_AMX)
 // More rows than the GEMV's, bf16 activations, on a CPU with AMX: a matmul on the tile unit that
@@ -655,18 +669,6 @@ void stage(const uint16_t* x, int64_t M, int64_t in, uint16_t* xv, bool lookup) 
     }
 }
 
-// One row of `in` codes (a multiple of 32; groups of a multiple of 16) times their groups' scales
-// as bf16, rounded to nearest even (a weight under fp32's normal range becomes zero, as the tiles
-// would read it)
-template <typename Code>
-void dequantize_row16(uint16_t* dst, const uint8_t* q, const float* scale, int64_t in, int64_t group) {
-  for (int64_t i = 0; i < in; i += 32) {
-    const __m512 lo = _mm512_mul_ps(Code::load16(q + i), _mm512_set1_ps(scale[i / group] * Code::kScale));
-    const __m512 hi = _mm512_mul_ps(Code::load16(q + i + 16), _mm512_set1_ps(scale[(i + 16) / group] * Code::kScale));
-    _mm512_storeu_si512(dst + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
-  }
-}
-
 // C tiles 0..T-1 = the panel (16 rows of `in` bf16, `in` apart) times the staged x, stored at c
 template <int T>
 void panel(const uint16_t* a, const uint16_t* xv, int64_t in, float* c) {
@@ -709,8 +711,13 @@ void linear(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, const
   // one scale a row: the codes looked up as bf16 (exact) and each row's sums times its scale, as
   // the GEMV does; else each weight dequantized as the reference does (a multiply, rounded)
   const bool lookup = groups == 1 && in % 64 == 0;
-  std::vector<uint16_t> xv(tiles * kTile * in);
-  stage<Lookup>(static_cast<const uint16_t*>(x.const_data_ptr()), M, in, xv.data(), lookup);
+  // kept from call to call, as few_rows_linear keeps its staging: a fresh one this size would be a
+  // fresh mapping to fault in every call (the threads below read it by pointer: a thread_local
+  // named inside their lambda would be their own)
+  thread_local std::vector<uint16_t> staged;
+  if (static_cast<int64_t>(staged.size()) < tiles * kTile * in) staged.resize(tiles * kTile * in);
+  const uint16_t* xv = staged.data();
+  stage<Lookup>(static_cast<const uint16_t*>(x.const_data_ptr()), M, in, staged.data(), lookup);
   const uint8_t* qp = static_cast<const uint8_t*>(q.const_data_ptr());
   const float* sp = scale.const_data_ptr<float>();
   auto* yp = static_cast<c10::BFloat16*>(y.data_ptr());
@@ -729,10 +736,11 @@ void linear(const at::Tensor& y, const at::Tensor& x, const at::Tensor& q, const
         if (lookup)
           lookup_row(to_bf16, a.data() + r * in, qp + (r0 + r) * in, in);
         else
-          dequantize_row16<Code>(a.data() + r * in, qp + (r0 + r) * in, sp + (r0 + r) * groups, in, group);
+          dequantize_row<Code>(reinterpret_cast<c10::BFloat16*>(a.data()) + r * in, qp + (r0 + r) * in,
+                               sp + (r0 + r) * groups, in, group);
       }
       if (rows < kTile) std::fill(a.begin() + rows * in, a.begin() + kTile * in, 0);
-      by_tiles[tiles - 1](a.data(), xv.data(), in, &c[0][0][0]);
+      by_tiles[tiles - 1](a.data(), xv, in, &c[0][0][0]);
       const __m512 row_scale = lookup ? _mm512_maskz_loadu_ps((1u << rows) - 1, sp + r0) : _mm512_set1_ps(1.f);
       for (int64_t t = 0; t < tiles; ++t) {  // tile t's column m: x row 16t + m's 16 outputs
         __m512 v[kTile];
